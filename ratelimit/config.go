@@ -1,0 +1,222 @@
+package ratelimit
+
+import (
+	"fmt"
+	"math/bits"
+	"time"
+)
+
+// The accepted range. Every backend computes every value inside it exactly,
+// including Lua scripts whose numbers are IEEE doubles with integers exact
+// only up to 2^53: each bound below leaves every intermediate value of the
+// math under 2^53.
+const (
+	// MaxCapacity is the largest Capacity (and InitialTokens) a bandwidth may
+	// have: 2^50, about 1.1e15.
+	MaxCapacity = 1 << 50
+	// MaxRefillPeriod is the longest RefillPeriod: 366 days.
+	MaxRefillPeriod = 366 * 24 * time.Hour
+	// MaxScaled bounds a greedy bandwidth's capacity in scaled units
+	// (Capacity × RefillPeriod in µs / gcd(RefillTokens, RefillPeriod in µs))
+	// and the time, in µs, any bandwidth takes to fill from empty: 2^51, about
+	// 71 years. See [Apply] for what scaled units are.
+	MaxScaled = 1 << 51
+	// MaxBandwidths is the most bandwidths one config may have.
+	MaxBandwidths = 16
+	// MaxIDLen is the longest bandwidth ID, in bytes.
+	MaxIDLen = 64
+	// MaxKeyLen is the longest bucket key, in bytes.
+	MaxKeyLen = 512
+)
+
+// maxHorizon bounds how far ahead, in µs, a bucket may be reserved (about 142
+// years): Reserve never leaves a bandwidth that needs longer to refill.
+const maxHorizon = 1 << 52
+
+// Algorithm selects how a bucket's bandwidths are enforced.
+type Algorithm uint8
+
+const (
+	// TokenBucket is the token bucket with Greedy, Interval or
+	// IntervalAligned refill. It is the default.
+	TokenBucket Algorithm = iota
+)
+
+// String returns the algorithm's Go name.
+func (a Algorithm) String() string {
+	if a == TokenBucket {
+		return "TokenBucket"
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// Config describes a bucket. It travels with every call: the backend stores
+// only the bucket's state, stamped with [Config.Fingerprint].
+type Config struct {
+	// Algorithm is the zero value, [TokenBucket], unless set.
+	Algorithm Algorithm
+	// Bandwidths are the limits; a request passes only if every bandwidth
+	// has the tokens, and then it takes from all. From 1 to [MaxBandwidths].
+	Bandwidths []Bandwidth
+}
+
+// Validate reports whether c lies in the accepted range, with an error
+// wrapping [ErrInvalidConfig] that names the first bad field. It never
+// panics.
+func (c Config) Validate() error {
+	if c.Algorithm != TokenBucket {
+		return invalidConfig("Algorithm %v is not supported", c.Algorithm)
+	}
+	if len(c.Bandwidths) == 0 || len(c.Bandwidths) > MaxBandwidths {
+		return invalidConfig("Bandwidths must have 1 to %d entries, got %d", MaxBandwidths, len(c.Bandwidths))
+	}
+	for i := range c.Bandwidths {
+		b := &c.Bandwidths[i]
+		if err := b.validate(); err != nil {
+			return fmt.Errorf("%w: Bandwidths[%d].%w", ErrInvalidConfig, i, err)
+		}
+		if b.ID == "" {
+			continue
+		}
+		for j := range i {
+			if c.Bandwidths[j].ID == b.ID {
+				return invalidConfig("Bandwidths[%d].ID %q repeats Bandwidths[%d].ID", i, b.ID, j)
+			}
+		}
+	}
+	return nil
+}
+
+func invalidConfig(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+}
+
+// fieldError is a validation failure of one Bandwidth field; Validate
+// prefixes it with the bandwidth's index.
+type fieldError string
+
+func (e fieldError) Error() string { return string(e) }
+
+func badField(format string, args ...any) error {
+	return fieldError(fmt.Sprintf(format, args...))
+}
+
+func (b *Bandwidth) validate() error {
+	if len(b.ID) > MaxIDLen {
+		return badField("ID must be at most %d bytes, got %d", MaxIDLen, len(b.ID))
+	}
+	for i := 0; i < len(b.ID); i++ {
+		if !isIDByte(b.ID[i]) {
+			return badField("ID %q may hold only letters, digits and -_.:", b.ID)
+		}
+	}
+	if b.Capacity < 1 || b.Capacity > MaxCapacity {
+		return badField("Capacity must be between 1 and 2^50, got %d", b.Capacity)
+	}
+	if b.RefillPeriod < time.Microsecond || b.RefillPeriod > MaxRefillPeriod {
+		return badField("RefillPeriod must be between 1µs and %v, got %v", MaxRefillPeriod, b.RefillPeriod)
+	}
+	if b.RefillPeriod%time.Microsecond != 0 {
+		return badField("RefillPeriod must be a whole number of microseconds, got %v", b.RefillPeriod)
+	}
+	period := b.periodMicros()
+	if b.RefillTokens < 1 || b.RefillTokens > period {
+		return badField("RefillTokens must be between 1 and one per microsecond of RefillPeriod (%d), got %d", period, b.RefillTokens)
+	}
+	if b.InitialTokens != nil && (*b.InitialTokens < 0 || *b.InitialTokens > b.Capacity) {
+		return badField("InitialTokens must be between 0 and Capacity (%d), got %d", b.Capacity, *b.InitialTokens)
+	}
+	switch b.Refill {
+	case Greedy, Interval:
+		if !b.AlignedStart.IsZero() {
+			return badField("AlignedStart must be zero for %v refill", b.Refill)
+		}
+	case IntervalAligned:
+		if us := b.AlignedStart.UnixMicro(); b.AlignedStart.IsZero() || us < 0 || us >= maxHorizon {
+			return badField("AlignedStart must be set, between 1970 and 2112, for IntervalAligned refill, got %v", b.AlignedStart)
+		}
+	default:
+		return badField("Refill %v is not a known RefillKind", b.Refill)
+	}
+	return b.validateExact()
+}
+
+// validateExact rejects bandwidths whose arithmetic would leave the range
+// that doubles hold exactly.
+func (b *Bandwidth) validateExact() error {
+	if b.Refill == Greedy {
+		// Cheap sufficient test first: the scale never exceeds the period.
+		if hi, lo := bits.Mul64(uint64(b.Capacity), uint64(b.periodMicros())); hi == 0 && lo <= MaxScaled {
+			return nil
+		}
+		scale, _ := b.scaleAndRate()
+		if hi, lo := bits.Mul64(uint64(b.Capacity), uint64(scale)); hi != 0 || lo > MaxScaled {
+			return badField("Capacity %d refilled greedily by %d per %v takes more than 2^51 scaled units, beyond exact arithmetic: lower Capacity, make RefillTokens divide the period, or use Interval refill",
+				b.Capacity, b.RefillTokens, b.RefillPeriod)
+		}
+		return nil
+	}
+	periods := ceilDiv(b.Capacity, b.RefillTokens)
+	if hi, lo := bits.Mul64(uint64(periods), uint64(b.periodMicros())); hi != 0 || lo > MaxScaled {
+		return badField("Capacity %d refilled by %d per %v takes more than 2^51µs (71 years) to fill", b.Capacity, b.RefillTokens, b.RefillPeriod)
+	}
+	return nil
+}
+
+func isIDByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '_' || c == '.' || c == ':'
+}
+
+// periodMicros is RefillPeriod in whole microseconds.
+func (b *Bandwidth) periodMicros() int64 { return int64(b.RefillPeriod / time.Microsecond) }
+
+// scaleAndRate returns how many scaled units make one token and how many
+// scaled units accrue per microsecond (Greedy), or 1 and RefillTokens
+// (Interval kinds, which add whole tokens once per period).
+func (b *Bandwidth) scaleAndRate() (scale, rate int64) {
+	if b.Refill != Greedy {
+		return 1, b.RefillTokens
+	}
+	period := b.periodMicros()
+	g := gcd(b.RefillTokens, period)
+	return period / g, b.RefillTokens / g
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// Fingerprint returns a stable 64-bit hash of everything in c that shapes
+// a bucket. It is the same in every process and on every platform, so
+// replicas that pass the same config agree, and a plan change is seen as a
+// different fingerprint.
+func (c Config) Fingerprint() uint64 {
+	h := uint64(0x6a09e667f3bcc908) // any fixed non-zero seed
+	h = mix(h, uint64(c.Algorithm))
+	for i := range c.Bandwidths {
+		b := &c.Bandwidths[i]
+		for j := 0; j < len(b.ID); j++ {
+			h = mix(h, uint64(b.ID[j]))
+		}
+		h = mix(h, uint64(len(b.ID)))
+		h = mix(h, uint64(b.Capacity))
+		h = mix(h, uint64(b.RefillTokens))
+		h = mix(h, uint64(b.RefillPeriod))
+		h = mix(h, uint64(b.Refill))
+		h = mix(h, uint64(b.initial()))
+		if b.Refill == IntervalAligned {
+			h = mix(h, uint64(b.AlignedStart.UnixMicro()))
+		}
+	}
+	return h
+}
+
+// mix folds v into h: a multiply-xorshift step, cheap and well spread.
+func mix(h, v uint64) uint64 {
+	h = (h ^ v) * 0x9e3779b97f4a7c15
+	return h ^ h>>31
+}

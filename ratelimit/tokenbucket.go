@@ -1,0 +1,358 @@
+package ratelimit
+
+import (
+	"math"
+	"math/bits"
+	"strconv"
+	"time"
+)
+
+// State is a bucket's stored state: what a backend keeps between calls.
+// The zero value is an absent bucket.
+type State struct {
+	// Fingerprint is the [Config.Fingerprint] of the config that built the
+	// state.
+	Fingerprint uint64
+	// Bands holds one entry per bandwidth of that config.
+	Bands []BandState
+}
+
+// BandState is the state of one bandwidth. Besides the level and the time,
+// it keeps what a config change needs to carry tokens over: the
+// bandwidth's ID, capacity and scale.
+type BandState struct {
+	ID       string // the bandwidth's ID
+	Capacity int64  // the bandwidth's capacity, in tokens
+	Scale    int64  // scaled units per token
+	Level    int64  // scaled units held; negative once reserved ahead
+	Stamp    int64  // µs: last refill (Greedy) or start of the current period (Interval kinds)
+}
+
+// Apply applies req to s under cfg at time now, in microseconds on the
+// backend's clock, and returns the decision. cfg and req must have passed
+// [CheckRequest]; Apply then never panics and never overflows. A denied
+// request changes no token count.
+//
+// Apply is the reference math that every backend computes. It is pure
+// integer arithmetic: a greedy bandwidth of RefillTokens per RefillPeriod
+// counts in scaled units, Scale = period/g of them to a token, and gains
+// Rate = RefillTokens/g each microsecond, where g = gcd(RefillTokens,
+// period in µs). Refill is then exact, and the wait for n tokens is
+// ceil((n×Scale − Level)/Rate) µs. Interval kinds count whole tokens and add
+// RefillTokens at each period boundary.
+func Apply(s *State, cfg Config, req Request, now int64) Decision {
+	fp := cfg.Fingerprint()
+	switch {
+	case len(s.Bands) == 0 || req.Op == Reset:
+		s.init(cfg, fp, now)
+	case req.Op == Replace || s.Fingerprint != fp:
+		s.convert(cfg, fp, req.Strategy, now)
+	}
+	bws := cfg.Bandwidths
+	for i := range bws {
+		refill(&bws[i], &s.Bands[i], now)
+	}
+
+	switch req.Op {
+	case Consume, Estimate, Reserve, Inspect:
+		n := req.Tokens
+		if req.Op == Inspect {
+			n = 1
+		}
+		wait, slowest := s.waitFor(bws, n, now)
+		switch {
+		case req.Op == Consume && wait == 0, req.Op == Reserve && s.canReserve(bws, n, wait, req.MaxWait):
+			s.take(n)
+			d := s.decide(bws, true, now)
+			d.Consumed, d.RetryAfter = n, micros(wait)
+			return d
+		case wait == 0:
+			return s.decide(bws, true, now)
+		default:
+			d := s.decide(bws, false, now)
+			d.RetryAfter = micros(wait)
+			d.Limit, d.Remaining, d.Bandwidth = s.Bands[slowest].Capacity, remaining(&s.Bands[slowest]), bandName(bws, slowest)
+			return d
+		}
+	case ConsumeUpTo:
+		n := min(req.Tokens, s.available())
+		if n == 0 {
+			wait, slowest := s.waitFor(bws, 1, now)
+			d := s.decide(bws, false, now)
+			d.RetryAfter = micros(wait)
+			d.Limit, d.Remaining, d.Bandwidth = s.Bands[slowest].Capacity, 0, bandName(bws, slowest)
+			return d
+		}
+		s.take(n)
+		d := s.decide(bws, true, now)
+		d.Consumed = n
+		return d
+	case Add:
+		for i := range s.Bands {
+			st := &s.Bands[i]
+			full := st.Capacity * st.Scale
+			st.Level = min(full, st.Level+min(req.Tokens, st.Capacity)*st.Scale)
+		}
+	}
+	return s.decide(bws, true, now)
+}
+
+// init makes s the state of a new bucket for cfg.
+func (s *State) init(cfg Config, fp uint64, now int64) {
+	if cap(s.Bands) < len(cfg.Bandwidths) {
+		s.Bands = make([]BandState, len(cfg.Bandwidths))
+	}
+	s.Bands = s.Bands[:len(cfg.Bandwidths)]
+	for i := range cfg.Bandwidths {
+		s.Bands[i] = fresh(&cfg.Bandwidths[i], now)
+	}
+	s.Fingerprint = fp
+}
+
+func fresh(b *Bandwidth, now int64) BandState {
+	scale, _ := b.scaleAndRate()
+	return BandState{ID: b.ID, Capacity: b.Capacity, Scale: scale, Level: b.initial() * scale, Stamp: periodStart(b, now)}
+}
+
+// periodStart is the stamp of a bandwidth that is full at now: the
+// IntervalAligned boundary at or before now, or now itself.
+func periodStart(b *Bandwidth, now int64) int64 {
+	if b.Refill != IntervalAligned {
+		return now
+	}
+	start, period := b.AlignedStart.UnixMicro(), b.periodMicros()
+	return start + floorDiv(now-start, period)*period
+}
+
+// convert rebuilds s for cfg, carrying tokens over with strategy.
+func (s *State) convert(cfg Config, fp uint64, strategy Inheritance, now int64) {
+	old := s.Bands
+	s.Bands = make([]BandState, len(cfg.Bandwidths))
+	for i := range cfg.Bandwidths {
+		b := &cfg.Bandwidths[i]
+		s.Bands[i] = fresh(b, now)
+		j := match(old, b.ID, i)
+		if strategy == ResetTokens || j < 0 {
+			continue
+		}
+		o := &old[j]
+		tokens := inherit(floorDiv(o.Level, o.Scale), o.Capacity, b.Capacity, strategy)
+		nb := &s.Bands[i]
+		nb.Level = max(tokens, ceilDiv(minLevel(b, nb.Scale), nb.Scale)) * nb.Scale
+		nb.Stamp = periodStart(b, o.Stamp)
+	}
+	s.Fingerprint = fp
+}
+
+// match finds the old bandwidth a new one inherits from: the one with the
+// same ID, or with no ID at the same position; -1 if none.
+func match(old []BandState, id string, i int) int {
+	if id == "" {
+		if i < len(old) && old[i].ID == "" {
+			return i
+		}
+		return -1
+	}
+	for j := range old {
+		if old[j].ID == id {
+			return j
+		}
+	}
+	return -1
+}
+
+// inherit returns the whole tokens a bandwidth keeps when its capacity goes
+// from oldCap to newCap.
+func inherit(tokens, oldCap, newCap int64, strategy Inheritance) int64 {
+	switch strategy {
+	case Proportionally:
+		return mulDivFloor(tokens, newCap, oldCap)
+	case Additive:
+		return min(tokens, newCap) + max(0, newCap-oldCap)
+	}
+	return min(tokens, newCap)
+}
+
+// mulDivFloor returns floor(a×b/c) for b, c ≥ 1 and b ≤ c×2^k, exactly,
+// saturating at ±MaxInt64 where it does not fit.
+func mulDivFloor(a, b, c int64) int64 {
+	neg := a < 0
+	ua := uint64(a)
+	if neg {
+		ua = -ua
+	}
+	hi, lo := bits.Mul64(ua, uint64(b))
+	if hi >= uint64(c) {
+		if neg {
+			return math.MinInt64
+		}
+		return math.MaxInt64
+	}
+	q, r := bits.Div64(hi, lo, uint64(c))
+	if q > math.MaxInt64 {
+		q = math.MaxInt64
+	}
+	if !neg {
+		return int64(q)
+	}
+	if r != 0 {
+		q++
+	}
+	return -int64(q)
+}
+
+// refill brings st up to now.
+func refill(b *Bandwidth, st *BandState, now int64) {
+	elapsed := now - st.Stamp
+	if elapsed <= 0 {
+		return
+	}
+	full := st.Capacity * st.Scale
+	if st.Level >= full {
+		st.Stamp = periodStart(b, now)
+		return
+	}
+	if b.Refill == Greedy {
+		if hi, lo := bits.Mul64(uint64(elapsed), uint64(rate(b, st))); hi != 0 || lo >= uint64(full-st.Level) {
+			st.Level = full
+		} else {
+			st.Level += int64(lo)
+		}
+		st.Stamp = now
+		return
+	}
+	period := b.periodMicros()
+	periods := elapsed / period
+	if periods == 0 {
+		return
+	}
+	if periods >= ceilDiv(full-st.Level, b.RefillTokens) {
+		st.Level, st.Stamp = full, periodStart(b, now)
+		return
+	}
+	st.Level += periods * b.RefillTokens
+	st.Stamp += periods * period
+}
+
+// rate is the scaled units a greedy bandwidth gains per µs; st.Scale was
+// derived from b, so both divisions are exact.
+func rate(b *Bandwidth, st *BandState) int64 {
+	return b.RefillTokens / (b.periodMicros() / st.Scale)
+}
+
+// timeTo returns the µs from now until st holds level scaled units,
+// assuming nothing is taken meanwhile; 0 if it already does.
+func timeTo(b *Bandwidth, st *BandState, level, now int64) int64 {
+	short := level - st.Level
+	if short <= 0 {
+		return 0
+	}
+	if b.Refill == Greedy {
+		return ceilDiv(short, rate(b, st)) + max(0, st.Stamp-now)
+	}
+	return st.Stamp + ceilDiv(short, b.RefillTokens)*b.periodMicros() - now
+}
+
+// minLevel is the lowest level a bandwidth may reach by reservations: it
+// must refill to full within maxHorizon µs and stay within MaxScaled units of
+// debt.
+func minLevel(b *Bandwidth, scale int64) int64 {
+	full := b.Capacity * scale
+	if b.Refill == Greedy {
+		return -MaxScaled
+	}
+	return max(-MaxScaled, full-maxHorizon/b.periodMicros()*b.RefillTokens)
+}
+
+// waitFor returns the µs until every bandwidth holds n tokens, and the index
+// of the bandwidth that takes longest.
+func (s *State) waitFor(bws []Bandwidth, n, now int64) (wait int64, slowest int) {
+	for i := range bws {
+		st := &s.Bands[i]
+		if w := timeTo(&bws[i], st, n*st.Scale, now); w > wait {
+			wait, slowest = w, i
+		}
+	}
+	return wait, slowest
+}
+
+// canReserve reports whether n tokens arriving in wait µs may be taken on
+// credit: within maxWait, and within every bandwidth's debt limit.
+func (s *State) canReserve(bws []Bandwidth, n, wait int64, maxWait time.Duration) bool {
+	if wait > int64(maxWait/time.Microsecond) {
+		return false
+	}
+	for i := range bws {
+		st := &s.Bands[i]
+		if st.Level-n*st.Scale < minLevel(&bws[i], st.Scale) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *State) take(n int64) {
+	for i := range s.Bands {
+		s.Bands[i].Level -= n * s.Bands[i].Scale
+	}
+}
+
+// available is the whole tokens every bandwidth can give now.
+func (s *State) available() int64 {
+	n := int64(math.MaxInt64)
+	for i := range s.Bands {
+		n = min(n, remaining(&s.Bands[i]))
+	}
+	return n
+}
+
+func remaining(st *BandState) int64 {
+	if st.Level <= 0 {
+		return 0
+	}
+	return st.Level / st.Scale
+}
+
+// decide builds the decision for the state as it now is, bound to the
+// bandwidth with the fewest tokens left.
+func (s *State) decide(bws []Bandwidth, allowed bool, now int64) Decision {
+	d := Decision{Allowed: allowed, Remaining: math.MaxInt64}
+	var resetAfter int64
+	for i := range bws {
+		st := &s.Bands[i]
+		if r := remaining(st); r < d.Remaining {
+			d.Remaining, d.Limit, d.Bandwidth = r, st.Capacity, bandName(bws, i)
+		}
+		resetAfter = max(resetAfter, timeTo(&bws[i], st, st.Capacity*st.Scale, now))
+	}
+	d.ResetAfter = micros(resetAfter)
+	return d
+}
+
+// bandName is the bandwidth's ID, or its index when it has none.
+func bandName(bws []Bandwidth, i int) string {
+	if id := bws[i].ID; id != "" {
+		return id
+	}
+	return strconv.Itoa(i)
+}
+
+func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// floorDiv is a/b rounded toward minus infinity, for b > 0.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b < 0 {
+		q--
+	}
+	return q
+}
+
+// ceilDiv is a/b rounded toward plus infinity, for b > 0.
+func ceilDiv(a, b int64) int64 {
+	q := a / b
+	if a%b > 0 {
+		q++
+	}
+	return q
+}
