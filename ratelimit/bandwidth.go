@@ -45,7 +45,8 @@ type Bandwidth struct {
 	// ID optionally names the bandwidth ("burst", "hourly"). It appears in
 	// [Decision.Bandwidth] and response headers, and it matches bandwidths
 	// when a bucket's config changes. IDs are unique within a config, at most
-	// [MaxIDLen] bytes of printable ASCII.
+	// [MaxIDLen] bytes of letters, digits and -_.: and not all digits (a
+	// bandwidth without an ID is named by its index).
 	ID string
 	// Capacity is the most tokens the bandwidth holds: the largest burst.
 	// From 1 to [MaxCapacity].

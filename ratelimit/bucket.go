@@ -34,7 +34,8 @@ func (b *Bucket) do(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	return b.limiter.do(ctx, b.key, cfg, req)
+	req.Strategy = b.limiter.strategy
+	return b.limiter.backend.Do(ctx, b.key, cfg, req)
 }
 
 // TryConsume takes n tokens if every bandwidth has them; otherwise it takes
@@ -50,24 +51,33 @@ func (b *Bucket) Estimate(ctx context.Context, n int64) (Decision, error) {
 
 // Wait blocks until n tokens are taken. It reserves them in one call, on
 // credit if need be, then sleeps until they are due. If they would be due
-// after ctx's deadline it returns [ErrWaitExceedsDeadline] at once, taking
-// nothing. If ctx ends during the sleep, Wait gives the tokens back and
-// returns ctx's error.
+// after ctx's deadline, or further ahead than a bucket may be reserved
+// (about 71 years of refill), it returns [ErrWaitExceedsDeadline] at once,
+// taking nothing; so does a ctx that is already done. If ctx ends during
+// the sleep, Wait gives the tokens back and returns ctx's error.
 func (b *Bucket) Wait(ctx context.Context, n int64) error {
-	maxWait := time.Duration(math.MaxInt64)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	maxWait, hasDeadline := time.Duration(math.MaxInt64), false
 	if deadline, ok := ctx.Deadline(); ok {
-		maxWait = max(0, time.Until(deadline))
+		maxWait, hasDeadline = max(0, time.Until(deadline)), true
 	}
 	cfg, err := b.config(ctx)
 	if err != nil {
 		return err
 	}
-	d, err := b.limiter.do(ctx, b.key, cfg, Request{Op: Reserve, Tokens: n, MaxWait: maxWait})
+	strategy := b.limiter.strategy
+	d, err := b.limiter.backend.Do(ctx, b.key, cfg, Request{Op: Reserve, Tokens: n, MaxWait: maxWait, Strategy: strategy})
 	if err != nil {
 		return err
 	}
-	if !d.Allowed {
+	switch {
+	case d.Allowed:
+	case hasDeadline && d.RetryAfter > maxWait:
 		return fmt.Errorf("%w: %d tokens are due in %v, the deadline is in %v", ErrWaitExceedsDeadline, n, d.RetryAfter, maxWait)
+	default:
+		return fmt.Errorf("%w: reserving %d tokens would put the bucket in debt for longer than it may be reserved ahead", ErrWaitExceedsDeadline, n)
 	}
 	if d.RetryAfter == 0 {
 		return nil
@@ -80,7 +90,7 @@ func (b *Bucket) Wait(ctx context.Context, n int64) error {
 	case <-ctx.Done():
 		// The reserved tokens were never used: hand them back so the wait
 		// costs nothing. ctx is done, so the give-back runs without it.
-		_, addErr := b.limiter.do(context.WithoutCancel(ctx), b.key, cfg, Request{Op: Add, Tokens: n})
+		_, addErr := b.limiter.backend.Do(context.WithoutCancel(ctx), b.key, cfg, Request{Op: Add, Tokens: n, Strategy: strategy})
 		return errors.Join(ctx.Err(), addErr)
 	}
 }
@@ -115,6 +125,6 @@ func (b *Bucket) Inspect(ctx context.Context) (Decision, error) {
 // rather than with the Limiter's strategy at the next call. The supplier
 // should return cfg from then on, or the next call converts again.
 func (b *Bucket) Replace(ctx context.Context, cfg Config, s Inheritance) error {
-	_, err := b.limiter.do(ctx, b.key, cfg, Request{Op: Replace, Strategy: s})
+	_, err := b.limiter.backend.Do(ctx, b.key, cfg, Request{Op: Replace, Strategy: s})
 	return err
 }

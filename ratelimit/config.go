@@ -29,9 +29,15 @@ const (
 	MaxKeyLen = 512
 )
 
-// maxHorizon bounds how far ahead, in µs, a bucket may be reserved (about 142
-// years): Reserve never leaves a bandwidth that needs longer to refill.
-const maxHorizon = 1 << 52
+// maxHorizon bounds how far ahead, in µs, a bucket may be reserved (about 71
+// years): Reserve never leaves a bandwidth that needs longer to refill. With
+// the 2^51µs a bandwidth may take to fill from empty, a state's expiry stays
+// within 2^52µs of now, below 2^53 for any now before 2112.
+const maxHorizon = 1 << 51
+
+// maxClock bounds the stores' clocks and AlignedStart, in µs since 1970:
+// 2^52 is in the year 2112.
+const maxClock = 1 << 52
 
 // Algorithm selects how a bucket's bandwidths are enforced.
 type Algorithm uint8
@@ -105,10 +111,17 @@ func (b *Bandwidth) validate() error {
 	if len(b.ID) > MaxIDLen {
 		return badField("ID must be at most %d bytes, got %d", MaxIDLen, len(b.ID))
 	}
+	digits := 0
 	for i := 0; i < len(b.ID); i++ {
 		if !isIDByte(b.ID[i]) {
 			return badField("ID %q may hold only letters, digits and -_.:", b.ID)
 		}
+		if '0' <= b.ID[i] && b.ID[i] <= '9' {
+			digits++
+		}
+	}
+	if digits > 0 && digits == len(b.ID) {
+		return badField("ID %q must not be all digits: those name bandwidths without an ID", b.ID)
 	}
 	if b.Capacity < 1 || b.Capacity > MaxCapacity {
 		return badField("Capacity must be between 1 and 2^50, got %d", b.Capacity)
@@ -132,7 +145,7 @@ func (b *Bandwidth) validate() error {
 			return badField("AlignedStart must be zero for %v refill", b.Refill)
 		}
 	case IntervalAligned:
-		if us := b.AlignedStart.UnixMicro(); b.AlignedStart.IsZero() || us < 0 || us >= maxHorizon {
+		if us := b.AlignedStart.UnixMicro(); b.AlignedStart.IsZero() || us < 0 || us >= maxClock {
 			return badField("AlignedStart must be set, between 1970 and 2112, for IntervalAligned refill, got %v", b.AlignedStart)
 		}
 	default:

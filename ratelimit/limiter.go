@@ -26,8 +26,12 @@ func WithInheritance(s Inheritance) Option {
 	return func(l *Limiter) { l.strategy = s }
 }
 
-// New returns a Limiter deciding with b.
+// New returns a Limiter deciding with b. With a nil b, every call fails
+// with [ErrBackendUnavailable].
 func New(b Backend, opts ...Option) *Limiter {
+	if b == nil {
+		b = noBackend{}
+	}
 	l := &Limiter{backend: b, strategy: DefaultInheritance}
 	for _, opt := range opts {
 		opt(l)
@@ -44,7 +48,7 @@ func (l *Limiter) Allow(ctx context.Context, key string, cfg Config) (Decision, 
 // AllowN takes n tokens from the bucket at key if every bandwidth has them;
 // otherwise it takes nothing and the decision says when to retry.
 func (l *Limiter) AllowN(ctx context.Context, key string, cfg Config, n int64) (Decision, error) {
-	return l.do(ctx, key, cfg, Request{Op: Consume, Tokens: n})
+	return l.backend.Do(ctx, key, cfg, Request{Op: Consume, Tokens: n, Strategy: l.strategy})
 }
 
 // Bucket returns a handle on the bucket at key whose config comes from
@@ -54,14 +58,9 @@ func (l *Limiter) Bucket(key string, supply func(context.Context) (Config, error
 	return &Bucket{limiter: l, key: key, supply: supply}
 }
 
-// do sends req to the backend, with the Limiter's strategy for a changed
-// config unless req is a Replace that names its own.
-func (l *Limiter) do(ctx context.Context, key string, cfg Config, req Request) (Decision, error) {
-	if l.backend == nil {
-		return Decision{}, fmt.Errorf("%w: Limiter has no Backend", ErrBackendUnavailable)
-	}
-	if req.Op != Replace {
-		req.Strategy = l.strategy
-	}
-	return l.backend.Do(ctx, key, cfg, req)
+// noBackend stands in for a nil Backend passed to New.
+type noBackend struct{}
+
+func (noBackend) Do(context.Context, string, Config, Request) (Decision, error) {
+	return Decision{}, fmt.Errorf("%w: Limiter has no Backend", ErrBackendUnavailable)
 }

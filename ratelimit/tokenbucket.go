@@ -13,25 +13,38 @@ type State struct {
 	// Fingerprint is the [Config.Fingerprint] of the config that built the
 	// state.
 	Fingerprint uint64
+	// ExpiresAt is when, in µs, the state becomes the same as an absent
+	// bucket's: when every bandwidth is full again if nothing is taken
+	// meanwhile, plus, for a config with InitialTokens below Capacity, the
+	// time a new bucket takes to fill (so a client that waited for a full
+	// bucket finds it full rather than started afresh). [Apply] treats a
+	// state as absent from then on, so a backend may drop it then (a Redis
+	// key's TTL) and no backend's answer depends on when it does.
+	ExpiresAt int64
 	// Bands holds one entry per bandwidth of that config.
 	Bands []BandState
 }
 
 // BandState is the state of one bandwidth. Besides the level and the time,
-// it keeps what a config change needs to carry tokens over: the
-// bandwidth's ID, capacity and scale.
+// it keeps what a config change needs to carry tokens over (the
+// bandwidth's ID, capacity and scale) and, so that a decision needs no gcd
+// and no division to refill, its rate.
 type BandState struct {
 	ID       string // the bandwidth's ID
 	Capacity int64  // the bandwidth's capacity, in tokens
 	Scale    int64  // scaled units per token
+	Rate     int64  // scaled units gained per µs (Greedy) or tokens per period (Interval kinds)
 	Level    int64  // scaled units held; negative once reserved ahead
 	Stamp    int64  // µs: last refill (Greedy) or start of the current period (Interval kinds)
 }
 
 // Apply applies req to s under cfg at time now, in microseconds on the
 // backend's clock, and returns the decision. cfg and req must have passed
-// [CheckRequest]; Apply then never panics and never overflows. A denied
-// request changes no token count.
+// [CheckRequest], and now must lie between 0 and 2^52 µs since 1970 (the
+// year 2112); Apply then never panics, and every value it computes or stores
+// stays within ±2^53. A denied request, Estimate and Inspect take no
+// tokens, but every op may rewrite s (refill, a new bucket, a config
+// change, its expiry): a store must write s back after every call.
 //
 // Apply is the reference math that every backend computes. It is pure
 // integer arithmetic: a greedy bandwidth of RefillTokens per RefillPeriod
@@ -43,7 +56,7 @@ type BandState struct {
 func Apply(s *State, cfg Config, req Request, now int64) Decision {
 	fp := cfg.Fingerprint()
 	switch {
-	case len(s.Bands) == 0 || req.Op == Reset:
+	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt:
 		s.init(cfg, fp, now)
 	case req.Op == Replace || s.Fingerprint != fp:
 		s.convert(cfg, fp, req.Strategy, now)
@@ -91,7 +104,15 @@ func Apply(s *State, cfg Config, req Request, now int64) Decision {
 		for i := range s.Bands {
 			st := &s.Bands[i]
 			full := st.Capacity * st.Scale
-			st.Level = min(full, st.Level+min(req.Tokens, st.Capacity)*st.Scale)
+			// Cap the count at what fills the bandwidth, debt included, so
+			// that scaling it cannot overflow; capping at Capacity would
+			// leave a bandwidth in debt short of full.
+			st.Level = min(full, st.Level+min(req.Tokens, ceilDiv(full-st.Level, st.Scale))*st.Scale)
+			if st.Level == full && now > st.Stamp {
+				// As in refill: a full bandwidth has no current period; the
+				// next starts when it is drawn again.
+				st.Stamp = periodStart(&bws[i], now)
+			}
 		}
 	}
 	return s.decide(bws, true, now)
@@ -110,8 +131,8 @@ func (s *State) init(cfg Config, fp uint64, now int64) {
 }
 
 func fresh(b *Bandwidth, now int64) BandState {
-	scale, _ := b.scaleAndRate()
-	return BandState{ID: b.ID, Capacity: b.Capacity, Scale: scale, Level: b.initial() * scale, Stamp: periodStart(b, now)}
+	scale, rate := b.scaleAndRate()
+	return BandState{ID: b.ID, Capacity: b.Capacity, Scale: scale, Rate: rate, Level: b.initial() * scale, Stamp: periodStart(b, now)}
 }
 
 // periodStart is the stamp of a bandwidth that is full at now: the
@@ -138,7 +159,7 @@ func (s *State) convert(cfg Config, fp uint64, strategy Inheritance, now int64) 
 		o := &old[j]
 		tokens := inherit(floorDiv(o.Level, o.Scale), o.Capacity, b.Capacity, strategy)
 		nb := &s.Bands[i]
-		nb.Level = max(tokens, ceilDiv(minLevel(b, nb.Scale), nb.Scale)) * nb.Scale
+		nb.Level = max(tokens, ceilDiv(minLevel(b, nb), nb.Scale)) * nb.Scale
 		nb.Stamp = periodStart(b, o.Stamp)
 	}
 	s.Fingerprint = fp
@@ -213,7 +234,7 @@ func refill(b *Bandwidth, st *BandState, now int64) {
 		return
 	}
 	if b.Refill == Greedy {
-		if hi, lo := bits.Mul64(uint64(elapsed), uint64(rate(b, st))); hi != 0 || lo >= uint64(full-st.Level) {
+		if hi, lo := bits.Mul64(uint64(elapsed), uint64(st.Rate)); hi != 0 || lo >= uint64(full-st.Level) {
 			st.Level = full
 		} else {
 			st.Level += int64(lo)
@@ -226,18 +247,12 @@ func refill(b *Bandwidth, st *BandState, now int64) {
 	if periods == 0 {
 		return
 	}
-	if periods >= ceilDiv(full-st.Level, b.RefillTokens) {
+	if periods >= ceilDiv(full-st.Level, st.Rate) {
 		st.Level, st.Stamp = full, periodStart(b, now)
 		return
 	}
-	st.Level += periods * b.RefillTokens
+	st.Level += periods * st.Rate
 	st.Stamp += periods * period
-}
-
-// rate is the scaled units a greedy bandwidth gains per µs; st.Scale was
-// derived from b, so both divisions are exact.
-func rate(b *Bandwidth, st *BandState) int64 {
-	return b.RefillTokens / (b.periodMicros() / st.Scale)
 }
 
 // timeTo returns the µs from now until st holds level scaled units,
@@ -248,20 +263,24 @@ func timeTo(b *Bandwidth, st *BandState, level, now int64) int64 {
 		return 0
 	}
 	if b.Refill == Greedy {
-		return ceilDiv(short, rate(b, st)) + max(0, st.Stamp-now)
+		return ceilDiv(short, st.Rate) + max(0, st.Stamp-now)
 	}
-	return st.Stamp + ceilDiv(short, b.RefillTokens)*b.periodMicros() - now
+	return st.Stamp + ceilDiv(short, st.Rate)*b.periodMicros() - now
 }
 
 // minLevel is the lowest level a bandwidth may reach by reservations: it
 // must refill to full within maxHorizon µs and stay within MaxScaled units of
 // debt.
-func minLevel(b *Bandwidth, scale int64) int64 {
-	full := b.Capacity * scale
-	if b.Refill == Greedy {
+func minLevel(b *Bandwidth, st *BandState) int64 {
+	full := st.Capacity * st.Scale
+	if b.Refill != Greedy {
+		return max(-MaxScaled, full-maxHorizon/b.periodMicros()*st.Rate)
+	}
+	hi, lo := bits.Mul64(maxHorizon, uint64(st.Rate))
+	if hi != 0 || lo >= uint64(full+MaxScaled) {
 		return -MaxScaled
 	}
-	return max(-MaxScaled, full-maxHorizon/b.periodMicros()*b.RefillTokens)
+	return full - int64(lo)
 }
 
 // waitFor returns the µs until every bandwidth holds n tokens, and the index
@@ -284,7 +303,7 @@ func (s *State) canReserve(bws []Bandwidth, n, wait int64, maxWait time.Duration
 	}
 	for i := range bws {
 		st := &s.Bands[i]
-		if st.Level-n*st.Scale < minLevel(&bws[i], st.Scale) {
+		if st.Level-n*st.Scale < minLevel(&bws[i], st) {
 			return false
 		}
 	}
@@ -314,7 +333,7 @@ func remaining(st *BandState) int64 {
 }
 
 // decide builds the decision for the state as it now is, bound to the
-// bandwidth with the fewest tokens left.
+// bandwidth with the fewest tokens left, and records when s expires.
 func (s *State) decide(bws []Bandwidth, allowed bool, now int64) Decision {
 	d := Decision{Allowed: allowed, Remaining: math.MaxInt64}
 	var resetAfter int64
@@ -326,7 +345,23 @@ func (s *State) decide(bws []Bandwidth, allowed bool, now int64) Decision {
 		resetAfter = max(resetAfter, timeTo(&bws[i], st, st.Capacity*st.Scale, now))
 	}
 	d.ResetAfter = micros(resetAfter)
+	s.ExpiresAt = now + resetAfter + warmup(bws, now)
 	return d
+}
+
+// warmup is how long a bucket created at now takes to fill: 0 unless some
+// bandwidth starts below capacity.
+func warmup(bws []Bandwidth, now int64) int64 {
+	var w int64
+	for i := range bws {
+		b := &bws[i]
+		if b.initial() == b.Capacity {
+			continue
+		}
+		st := fresh(b, now)
+		w = max(w, timeTo(b, &st, st.Capacity*st.Scale, now))
+	}
+	return w
 }
 
 // bandName is the bandwidth's ID, or its index when it has none.

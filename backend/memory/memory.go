@@ -2,9 +2,10 @@
 // maps, one lock per shard, for a single process or as the local fallback of
 // a distributed limiter.
 //
-// A bucket that is full again equals an absent one, so it is dropped: at
-// once when a call leaves it full, otherwise by a background sweep once it
-// has refilled. The number of stored buckets is capped (see [WithMaxKeys]).
+// A bucket that has refilled equals an absent one (see
+// [ratelimit.State.ExpiresAt]), so it is dropped: at once when a call leaves
+// it so, otherwise by a background sweep once it has expired. The number of
+// stored buckets is capped (see [WithMaxKeys]).
 //
 // # Concurrency
 //
@@ -14,8 +15,10 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"runtime"
 	"strings"
@@ -30,15 +33,15 @@ const (
 	// DefaultMaxKeys is the most buckets a Backend stores unless
 	// [WithMaxKeys] says otherwise.
 	DefaultMaxKeys = 1 << 20
-	// DefaultSweepInterval is how often the background sweep drops refilled
+	// DefaultSweepInterval is how often the background sweep drops expired
 	// buckets unless [WithSweepInterval] says otherwise.
 	DefaultSweepInterval = time.Minute
 )
 
 var (
 	// ErrTooManyKeys is returned for a new key when the Backend holds
-	// [WithMaxKeys] buckets and none of them has refilled. The Backend never
-	// forgets a bucket that is not full: that would let a client reset its
+	// [WithMaxKeys] buckets and none of them has expired. The Backend never
+	// forgets a bucket before it expires: that would let a client reset its
 	// own limit by flooding the limiter with new keys. It wraps
 	// [ratelimit.ErrBackendUnavailable], so fail policies treat it as a store
 	// that cannot decide.
@@ -52,10 +55,17 @@ var (
 // Backend is the in-process store. Create one with [New]; stop its
 // background sweep with [Backend.Close].
 type Backend struct {
-	shards   []shard
-	mask     uint64
-	seed     maphash.Seed
-	perShard int
+	shards []shard
+	mask   uint64
+	seed   maphash.Seed
+
+	maxKeys int64
+	keys    atomic.Int64 // buckets held, never above maxKeys
+	// expiryHint is a time before which no held bucket expires, learned by
+	// a sweep; until then a new key at the cap is refused without sweeping
+	// again. Lowered by every decision that stores an earlier expiry.
+	expiryHint atomic.Int64
+	roomMu   sync.Mutex // one sweep for room at a time
 
 	clock        ratelimit.Clock // nil: the monotonic clock below
 	origin       time.Time
@@ -72,16 +82,12 @@ type Backend struct {
 type shard struct {
 	mu      sync.Mutex
 	buckets map[string]*entry
-	// noneFullBefore is, once the shard reached its cap, the earliest time
-	// at which one of its buckets is full and may be dropped.
-	noneFullBefore int64
-	_              [128 - 24]byte
+	_       [128 - 16]byte
 }
 
 type entry struct {
-	state  ratelimit.State
-	fullAt int64 // µs on the backend's clock
-	bands  [2]ratelimit.BandState
+	state ratelimit.State
+	bands [2]ratelimit.BandState // state.Bands' storage for small configs
 }
 
 type options struct {
@@ -100,17 +106,18 @@ func WithClock(c ratelimit.Clock) Option {
 }
 
 // WithMaxKeys caps the buckets held at n (at least 1; default
-// [DefaultMaxKeys]). The keys are spread over shards that each hold
-// n/shards, so the total never exceeds n. When a new key's shard is full,
-// the Backend drops the shard's refilled buckets; if none has refilled the
-// call fails with [ErrTooManyKeys].
+// [DefaultMaxKeys]). When a new key arrives at the cap, the Backend drops
+// every bucket that has expired; if none has, the call fails with
+// [ErrTooManyKeys]. A call that leaves a new bucket the same as an absent
+// one (an Estimate or Inspect, or a full Add) stores nothing, so it is never
+// refused.
 func WithMaxKeys(n int) Option {
 	return func(o *options) { o.maxKeys = max(1, n) }
 }
 
-// WithSweepInterval sets how often the background sweep drops refilled
+// WithSweepInterval sets how often the background sweep drops expired
 // buckets (default [DefaultSweepInterval]); 0 or less turns it off, leaving
-// refilled buckets to be dropped when a shard reaches its cap.
+// expired buckets to be dropped when a new key meets the cap.
 func WithSweepInterval(d time.Duration) Option {
 	return func(o *options) { o.sweep = d }
 }
@@ -122,16 +129,16 @@ func New(opts ...Option) *Backend {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	n := min(shardCount(), 1<<(bits.Len(uint(o.maxKeys))-1))
+	n := shardCount()
 	m := &Backend{
-		shards:   make([]shard, n),
-		mask:     uint64(n - 1),
-		seed:     maphash.MakeSeed(),
-		perShard: o.maxKeys / n,
-		clock:    o.clock,
-		origin:   time.Now(),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		shards:  make([]shard, n),
+		mask:    uint64(n - 1),
+		seed:    maphash.MakeSeed(),
+		maxKeys: int64(o.maxKeys),
+		clock:   o.clock,
+		origin:  time.Now(),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	m.originMicros = m.origin.UnixMicro()
 	for i := range m.shards {
@@ -151,6 +158,9 @@ func shardCount() int {
 	return min(max(n, 16), 256)
 }
 
+// errNoRoom tells Do that a new key met the cap and a sweep may make room.
+var errNoRoom = errors.New("memory: no room")
+
 // Do implements [ratelimit.Backend].
 func (m *Backend) Do(_ context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
 	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
@@ -162,24 +172,78 @@ func (m *Backend) Do(_ context.Context, key string, cfg ratelimit.Config, req ra
 	now := m.now()
 	sh := &m.shards[maphash.String(m.seed, key)&m.mask]
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	d, err := m.apply(sh, key, cfg, req, now)
+	sh.mu.Unlock()
+	if err == errNoRoom {
+		m.makeRoom(now)
+		sh.mu.Lock()
+		d, err = m.apply(sh, key, cfg, req, now)
+		sh.mu.Unlock()
+		if err == errNoRoom {
+			err = ErrTooManyKeys
+		}
+	}
+	return d, err
+}
+
+// apply decides req on the bucket at key. Called with sh.mu held.
+func (m *Backend) apply(sh *shard, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) (ratelimit.Decision, error) {
 	e := sh.buckets[key]
 	if e == nil {
-		if len(sh.buckets) >= m.perShard && !sh.makeRoom(now, m.perShard) {
-			return ratelimit.Decision{}, ErrTooManyKeys
-		}
-		e = &entry{}
-		e.state.Bands = e.bands[:0]
-		key = strings.Clone(key) // the map must not pin the caller's memory
-		sh.buckets[key] = e
+		return m.create(sh, key, cfg, req, now)
 	}
 	d := ratelimit.Apply(&e.state, cfg, req, now)
-	if d.ResetAfter == 0 {
-		delete(sh.buckets, key)
-	} else {
-		e.fullAt = now + d.ResetAfter.Microseconds()
+	if e.state.ExpiresAt <= now {
+		delete(sh.buckets, key) // the same as absent
+		m.keys.Add(-1)
+		return d, nil
 	}
+	m.lowerExpiryHint(e.state.ExpiresAt)
 	return d, nil
+}
+
+// create decides req on an absent bucket, storing it unless it is still the
+// same as absent (full, and no InitialTokens below capacity).
+func (m *Backend) create(sh *shard, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) (ratelimit.Decision, error) {
+	var fresh entry
+	fresh.state.Bands = fresh.bands[:0]
+	d := ratelimit.Apply(&fresh.state, cfg, req, now)
+	if fresh.state.ExpiresAt <= now {
+		return d, nil
+	}
+	if m.keys.Add(1) > m.maxKeys {
+		m.keys.Add(-1)
+		return ratelimit.Decision{}, errNoRoom
+	}
+	e := new(entry)
+	*e = fresh
+	if len(fresh.state.Bands) <= len(e.bands) {
+		e.state.Bands = e.bands[:len(fresh.state.Bands)]
+	}
+	m.lowerExpiryHint(e.state.ExpiresAt)
+	sh.buckets[strings.Clone(key)] = e // the map must not pin the caller's memory
+	return d, nil
+}
+
+// lowerExpiryHint keeps expiryHint at or below expiresAt.
+func (m *Backend) lowerExpiryHint(expiresAt int64) {
+	for {
+		hint := m.expiryHint.Load()
+		if expiresAt >= hint || m.expiryHint.CompareAndSwap(hint, expiresAt) {
+			return
+		}
+	}
+}
+
+// makeRoom drops every expired bucket, unless a sweep already found that
+// none expires before expiryHint.
+func (m *Backend) makeRoom(now int64) {
+	m.roomMu.Lock()
+	defer m.roomMu.Unlock()
+	if now < m.expiryHint.Load() {
+		return
+	}
+	m.sweep(now)
 }
 
 // now reads the clock in µs.
@@ -188,30 +252,6 @@ func (m *Backend) now() int64 {
 		return m.clock.Now().UnixMicro()
 	}
 	return m.originMicros + int64(time.Since(m.origin)/time.Microsecond)
-}
-
-// makeRoom drops the shard's refilled buckets and reports whether it is then
-// below limit. Called with sh.mu held.
-func (sh *shard) makeRoom(now int64, limit int) bool {
-	if now < sh.noneFullBefore {
-		return false
-	}
-	sh.noneFullBefore = sh.dropFull(now)
-	return len(sh.buckets) < limit
-}
-
-// dropFull deletes the buckets full at now and returns the earliest time a
-// remaining one will be. Called with sh.mu held.
-func (sh *shard) dropFull(now int64) (next int64) {
-	next = int64(1<<63 - 1)
-	for k, e := range sh.buckets {
-		if e.fullAt <= now {
-			delete(sh.buckets, k)
-		} else {
-			next = min(next, e.fullAt)
-		}
-	}
-	return next
 }
 
 func (m *Backend) sweepEvery(interval time.Duration) {
@@ -223,33 +263,32 @@ func (m *Backend) sweepEvery(interval time.Duration) {
 		case <-m.stop:
 			return
 		case <-t.C:
-			m.sweep()
+			m.sweep(m.now())
 		}
 	}
 }
 
-// sweep drops every refilled bucket, one shard at a time.
-func (m *Backend) sweep() {
-	now := m.now()
+// sweep drops every bucket expired at now, one shard at a time, and sets
+// expiryHint to the earliest time a remaining one expires.
+func (m *Backend) sweep(now int64) {
+	m.expiryHint.Store(math.MaxInt64)
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		sh.dropFull(now)
+		for k, e := range sh.buckets {
+			if e.state.ExpiresAt <= now {
+				delete(sh.buckets, k)
+				m.keys.Add(-1)
+			} else {
+				m.lowerExpiryHint(e.state.ExpiresAt)
+			}
+		}
 		sh.mu.Unlock()
 	}
 }
 
-// Len returns how many buckets the Backend holds: those not yet full again.
-func (m *Backend) Len() int {
-	n := 0
-	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.mu.Lock()
-		n += len(sh.buckets)
-		sh.mu.Unlock()
-	}
-	return n
-}
+// Len returns how many buckets the Backend holds.
+func (m *Backend) Len() int { return int(m.keys.Load()) }
 
 // Close stops the background sweep and drops every bucket; later calls
 // return [ErrClosed]. It is safe to call more than once.
@@ -261,6 +300,7 @@ func (m *Backend) Close() error {
 		for i := range m.shards {
 			sh := &m.shards[i]
 			sh.mu.Lock()
+			m.keys.Add(-int64(len(sh.buckets)))
 			clear(sh.buckets)
 			sh.mu.Unlock()
 		}

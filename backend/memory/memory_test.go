@@ -1,0 +1,268 @@
+package memory_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/backend/memory"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// clock is a settable clock for tests outside a synctest bubble.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.Unix(1_700_000_000, 0)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+var tenPerSecond = ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(10)}}
+
+func allow(t *testing.T, l *ratelimit.Limiter, key string) ratelimit.Decision {
+	t.Helper()
+	d, err := l.Allow(context.Background(), key, tenPerSecond)
+	if err != nil {
+		t.Fatalf("Allow(%q): %v", key, err)
+	}
+	return d
+}
+
+func TestBucketIsDroppedWhenFull(t *testing.T) {
+	clk := newClock()
+	b := memory.New(memory.WithClock(clk))
+	defer b.Close()
+	l := ratelimit.New(b)
+
+	allow(t, l, "k")
+	if got := b.Len(); got != 1 {
+		t.Fatalf("Len after one Allow = %d, want 1", got)
+	}
+	clk.Advance(100 * time.Millisecond) // one token back: full again
+	d, err := l.Bucket("k", func(context.Context) (ratelimit.Config, error) { return tenPerSecond, nil }).Inspect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Remaining != 10 || d.ResetAfter != 0 {
+		t.Fatalf("Inspect = %+v, want a full bucket", d)
+	}
+	if got := b.Len(); got != 0 {
+		t.Fatalf("Len after the bucket refilled = %d, want 0", got)
+	}
+}
+
+func TestEstimateOnAbsentKeyStoresNothing(t *testing.T) {
+	b := memory.New(memory.WithClock(newClock()))
+	defer b.Close()
+	if _, err := b.Do(context.Background(), "k", tenPerSecond, ratelimit.Request{Op: ratelimit.Estimate, Tokens: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Len(); got != 0 {
+		t.Fatalf("Len = %d, want 0", got)
+	}
+}
+
+func TestSweepDropsRefilledBuckets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := memory.New(memory.WithSweepInterval(time.Second))
+		defer b.Close()
+		l := ratelimit.New(b)
+		for i := range 100 {
+			allow(t, l, fmt.Sprint("key-", i))
+		}
+		if got := b.Len(); got != 100 {
+			t.Fatalf("Len = %d, want 100", got)
+		}
+		time.Sleep(500 * time.Millisecond) // refilled, but no sweep yet
+		if got := b.Len(); got != 100 {
+			t.Fatalf("Len before the first sweep = %d, want 100", got)
+		}
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		if got := b.Len(); got != 0 {
+			t.Fatalf("Len after the sweep = %d, want 0", got)
+		}
+	})
+}
+
+func TestMaxKeysRefusesNewKeysButNeverForgetsDrainedOnes(t *testing.T) {
+	clk := newClock()
+	b := memory.New(memory.WithClock(clk), memory.WithMaxKeys(1), memory.WithSweepInterval(0))
+	defer b.Close()
+	l := ratelimit.New(b)
+
+	for range 4 {
+		allow(t, l, "drained")
+	}
+	_, err := l.Allow(context.Background(), "new", tenPerSecond)
+	if !errors.Is(err, memory.ErrTooManyKeys) || !errors.Is(err, ratelimit.ErrBackendUnavailable) {
+		t.Fatalf("Allow on a new key at the cap: err = %v, want ErrTooManyKeys wrapping ErrBackendUnavailable", err)
+	}
+	if d := allow(t, l, "drained"); d.Remaining != 5 {
+		t.Fatalf("the drained bucket was forgotten: Remaining = %d, want 5", d.Remaining)
+	}
+
+	clk.Advance(time.Second) // "drained" is full again, so it may go
+	if d := allow(t, l, "new"); !d.Allowed || d.Remaining != 9 {
+		t.Fatalf("Allow on a new key once the old one refilled = %+v, want allowed, 9 left", d)
+	}
+	if got := b.Len(); got != 1 {
+		t.Fatalf("Len = %d, want 1", got)
+	}
+}
+
+func TestMaxKeysBoundsTheTotal(t *testing.T) {
+	const maxKeys = 100
+	b := memory.New(memory.WithClock(newClock()), memory.WithMaxKeys(maxKeys), memory.WithSweepInterval(0))
+	defer b.Close()
+	l := ratelimit.New(b)
+	refused := 0
+	for i := range 10 * maxKeys {
+		if _, err := l.Allow(context.Background(), fmt.Sprint("key-", i), tenPerSecond); errors.Is(err, memory.ErrTooManyKeys) {
+			refused++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := b.Len(); got != maxKeys {
+		t.Fatalf("Len = %d, want exactly the cap %d", got, maxKeys)
+	}
+	if refused != 9*maxKeys {
+		t.Fatalf("refused %d of %d keys, want %d", refused, 10*maxKeys, 9*maxKeys)
+	}
+}
+
+func TestMaxKeysHoldsUnderConcurrentNewKeys(t *testing.T) {
+	const maxKeys = 64
+	clk := newClock()
+	b := memory.New(memory.WithClock(clk), memory.WithMaxKeys(maxKeys), memory.WithSweepInterval(0))
+	defer b.Close()
+	l := ratelimit.New(b)
+	var wg sync.WaitGroup
+	var admitted atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 100 {
+				_, err := l.Allow(context.Background(), fmt.Sprint("g", g, "-", i), tenPerSecond)
+				switch {
+				case err == nil:
+					admitted.Add(1)
+				case !errors.Is(err, memory.ErrTooManyKeys):
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != maxKeys || b.Len() != maxKeys {
+		t.Fatalf("admitted %d new keys, holding %d; want exactly %d", got, b.Len(), maxKeys)
+	}
+	clk.Advance(time.Second) // all refilled: the next new key sweeps them away
+	if _, err := l.Allow(context.Background(), "late", tenPerSecond); err != nil {
+		t.Fatalf("a new key after every bucket expired: %v", err)
+	}
+	if got := b.Len(); got != 1 {
+		t.Fatalf("Len after the sweep for room = %d, want 1", got)
+	}
+}
+
+func TestCloseStopsTheSweepAndRefusesCalls(t *testing.T) {
+	b := memory.New(memory.WithSweepInterval(time.Millisecond))
+	l := ratelimit.New(b)
+	allow(t, l, "k")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := l.Allow(context.Background(), "k", tenPerSecond); !errors.Is(err, memory.ErrClosed) {
+		t.Fatalf("Allow after Close: err = %v, want ErrClosed", err)
+	}
+	// goleak in TestMain checks that the sweep goroutine has ended.
+}
+
+func TestBadInputStoresNothing(t *testing.T) {
+	b := memory.New(memory.WithClock(newClock()))
+	defer b.Close()
+	bad := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(10).WithBurst(0)}}
+	if _, err := b.Do(context.Background(), "k", bad, ratelimit.Request{Tokens: 1}); !errors.Is(err, ratelimit.ErrInvalidConfig) {
+		t.Fatalf("err = %v, want ErrInvalidConfig", err)
+	}
+	if got := b.Len(); got != 0 {
+		t.Fatalf("Len = %d, want 0", got)
+	}
+}
+
+func TestExistingKeyDecisionDoesNotAllocate(t *testing.T) {
+	b := memory.New(memory.WithClock(newClock()))
+	defer b.Close()
+	l := ratelimit.New(b)
+	ctx := context.Background()
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{
+		ratelimit.PerSecond(1_000_000).WithID("burst"),
+		ratelimit.PerHour(1_000_000_000).WithID("hourly"),
+	}}
+	if _, err := l.Allow(ctx, "k", cfg); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := l.Allow(ctx, "k", cfg); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("Allow on an existing key allocates %v times, want 0", allocs)
+	}
+}
+
+func TestConcurrentKeysAdmitExactlyTheirCapacity(t *testing.T) {
+	b := memory.New(memory.WithClock(newClock())) // the clock stands still: no refill
+	defer b.Close()
+	l := ratelimit.New(b)
+	const keys, goroutines, calls = 50, 8, 200
+	var allowed [keys]atomic.Int64
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range calls {
+				k := (g + i) % keys
+				d, err := l.Allow(context.Background(), fmt.Sprint("key-", k), tenPerSecond)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					allowed[k].Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for k := range allowed {
+		if got := allowed[k].Load(); got != 10 {
+			t.Errorf("key-%d admitted %d, want exactly its capacity 10", k, got)
+		}
+	}
+}

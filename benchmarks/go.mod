@@ -1,0 +1,18 @@
+module github.com/sluicehq/sluice/benchmarks
+
+go 1.25.0
+
+replace github.com/sluicehq/sluice => ../
+
+require (
+	github.com/sethvargo/go-limiter v0.7.1
+	github.com/sluicehq/sluice v0.0.0-00010101000000-000000000000
+	github.com/throttled/throttled/v2 v2.15.0
+	github.com/ulule/limiter/v3 v3.11.2
+	golang.org/x/time v0.15.0
+)
+
+require (
+	github.com/hashicorp/golang-lru v0.5.4 // indirect
+	github.com/pkg/errors v0.9.1 // indirect
+)

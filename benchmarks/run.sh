@@ -1,0 +1,39 @@
+#!/bin/sh
+# run.sh runs sluice's benchmarks and compares them with benchstat.
+#
+# Usage: benchmarks/run.sh [OUTDIR] (default: bench-results, in the SDK root)
+#
+# Each of COUNT rounds (default 6) runs every benchmark once, so the samples
+# of every implementation are spread over the same stretch of time: a burst
+# of load from elsewhere on the machine then widens every implementation's
+# spread instead of shifting one of them. (go test -count=6 runs one
+# benchmark six times in a row.)
+set -eu
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-bench-results}
+count=${COUNT:-6}
+benchstat="go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da"
+
+cd "$root"
+mkdir -p "$out"
+: >"$out/memory.txt"
+: >"$out/peers.txt"
+i=0
+while [ "$i" -lt "$count" ]; do
+	i=$((i + 1))
+	echo "round $i of $count" >&2
+	go test -run='^$' -bench=BenchmarkMemoryAllow -benchmem -count=1 ./backend/memory >>"$out/memory.txt"
+	(cd benchmarks && go test -run='^$' -bench=. -benchmem -count=1 -cpu=1,2 ./...) >>"$out/peers.txt"
+done
+
+{
+	echo "## sluice memory backend: serial vs parallel"
+	$benchstat -col /mode "$out/memory.txt"
+	echo
+	echo "## sluice vs peers (baseline: x/time/rate per key in a sync.Map)"
+	$benchstat -col '/impl@(xrate sluice sethvargo ulule throttled)' "$out/peers.txt"
+	echo
+	echo "## serial vs parallel, per implementation"
+	$benchstat -col /mode -row '/path /keys /impl' "$out/peers.txt"
+} | tee "$out/benchstat.txt"

@@ -1,0 +1,163 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/backend/memory"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// exampleClock is a hand-driven clock that keeps the examples' output
+// deterministic; a real service leaves the memory backend on its own clock.
+type exampleClock struct{ t time.Time }
+
+func (c *exampleClock) Now() time.Time          { return c.t }
+func (c *exampleClock) Advance(d time.Duration) { c.t = c.t.Add(d) }
+
+func newExampleClock() *exampleClock {
+	return &exampleClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func ExampleLimiter_Allow() {
+	clock := newExampleClock()
+	backend := memory.New(memory.WithClock(clock))
+	defer backend.Close()
+	limiter := ratelimit.New(backend)
+	ctx := context.Background()
+
+	// Two requests a second, in bursts of up to three.
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{
+		ratelimit.PerSecond(2).WithBurst(3),
+	}}
+
+	for i := 1; i <= 4; i++ {
+		d, err := limiter.Allow(ctx, "user:42", cfg)
+		if err != nil {
+			fmt.Println("error:", err)
+			return
+		}
+		if !d.Allowed {
+			// An HTTP handler would answer 429 with a Retry-After header
+			// rounded up to whole seconds.
+			fmt.Printf("request %d: denied, retry after %v\n", i, d.RetryAfter)
+			clock.Advance(d.RetryAfter)
+			continue
+		}
+		fmt.Printf("request %d: allowed, %d of %d left\n", i, d.Remaining, d.Limit)
+	}
+
+	d, _ := limiter.Allow(ctx, "user:42", cfg)
+	fmt.Printf("after waiting: allowed=%v, full again in %v\n", d.Allowed, d.ResetAfter)
+	// Output:
+	// request 1: allowed, 2 of 3 left
+	// request 2: allowed, 1 of 3 left
+	// request 3: allowed, 0 of 3 left
+	// request 4: denied, retry after 500ms
+	// after waiting: allowed=true, full again in 1.5s
+}
+
+func ExampleLimiter_Bucket() {
+	clock := newExampleClock()
+	backend := memory.New(memory.WithClock(clock))
+	defer backend.Close()
+	// Additive: a customer who upgrades gets the extra capacity at once.
+	limiter := ratelimit.New(backend, ratelimit.WithInheritance(ratelimit.Additive))
+	ctx := context.Background()
+
+	// The plan store: a database behind a cache in production. The supplier
+	// is called on every operation, so a plan change applies on the next
+	// request.
+	plans := map[string]ratelimit.Config{
+		"free": {Bandwidths: []ratelimit.Bandwidth{ratelimit.PerMinute(3).WithID("minute")}},
+		"pro":  {Bandwidths: []ratelimit.Bandwidth{ratelimit.PerMinute(100).WithID("minute")}},
+	}
+	plan := "free"
+	bucket := limiter.Bucket("customer:acme", func(context.Context) (ratelimit.Config, error) {
+		return plans[plan], nil
+	})
+
+	for range 4 {
+		d, err := bucket.TryConsume(ctx, 1)
+		if err != nil {
+			fmt.Println("error:", err)
+			return
+		}
+		fmt.Printf("%s plan: allowed=%v remaining=%d retry after %v\n", plan, d.Allowed, d.Remaining, d.RetryAfter)
+	}
+
+	plan = "pro"
+	d, _ := bucket.TryConsume(ctx, 1)
+	fmt.Printf("%s plan: allowed=%v remaining=%d retry after %v\n", plan, d.Allowed, d.Remaining, d.RetryAfter)
+	// Output:
+	// free plan: allowed=true remaining=2 retry after 0s
+	// free plan: allowed=true remaining=1 retry after 0s
+	// free plan: allowed=true remaining=0 retry after 0s
+	// free plan: allowed=false remaining=0 retry after 20s
+	// pro plan: allowed=true remaining=96 retry after 0s
+}
+
+// A config with several bandwidths admits a request only when every one of
+// them has the tokens. Here a per-second burst limit and a per-minute
+// sustained limit take turns binding.
+func ExampleConfig_multipleBandwidths() {
+	clock := newExampleClock()
+	backend := memory.New(memory.WithClock(clock))
+	defer backend.Close()
+	limiter := ratelimit.New(backend)
+	ctx := context.Background()
+
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{
+		ratelimit.PerSecond(5).WithID("second"),
+		ratelimit.PerMinute(12).WithID("minute"),
+	}}
+
+	for second := range 3 {
+		allowed := 0
+		for {
+			d, err := limiter.Allow(ctx, "ip:192.0.2.1", cfg)
+			if err != nil {
+				fmt.Println("error:", err)
+				return
+			}
+			if !d.Allowed {
+				fmt.Printf("t=%ds: %d allowed, then denied by %q: retry after %v\n", second, allowed, d.Bandwidth, d.RetryAfter)
+				break
+			}
+			allowed++
+		}
+		clock.Advance(time.Second)
+	}
+	// Output:
+	// t=0s: 5 allowed, then denied by "second": retry after 200ms
+	// t=1s: 5 allowed, then denied by "second": retry after 200ms
+	// t=2s: 2 allowed, then denied by "minute": retry after 3s
+}
+
+func ExampleConfig_Validate() {
+	check := func(name string, b ratelimit.Bandwidth) {
+		err := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{b}}.Validate()
+		switch {
+		case err == nil:
+			fmt.Printf("%s: ok\n", name)
+		case errors.Is(err, ratelimit.ErrInvalidConfig):
+			fmt.Printf("%s: %v\n", name, err)
+		}
+	}
+	month := 30 * 24 * time.Hour
+
+	check("zero capacity", ratelimit.PerSecond(0))
+	check("10,000,000 a month", ratelimit.Every(month, 10_000_000))
+	// Refilled greedily, a token of this quota is 288,000,000,000 scaled
+	// units (see Apply): beyond what every backend computes exactly.
+	check("9,999,999 a month", ratelimit.Every(month, 9_999_999))
+	// Interval refill adds whole tokens once a period, so any quota fits.
+	check("9,999,999 a month, interval", ratelimit.Every(month, 9_999_999).WithRefill(ratelimit.Interval))
+	// Output:
+	// zero capacity: ratelimit: invalid config: Bandwidths[0].Capacity must be between 1 and 2^50, got 0
+	// 10,000,000 a month: ok
+	// 9,999,999 a month: ratelimit: invalid config: Bandwidths[0].Capacity 9999999 refilled greedily by 9999999 per 720h0m0s takes more than 2^51 scaled units, beyond exact arithmetic: lower Capacity, make RefillTokens divide the period, or use Interval refill
+	// 9,999,999 a month, interval: ok
+}

@@ -1,0 +1,77 @@
+// Package ratelimittest is the conformance suite that every
+// [ratelimit.Backend] must pass, as gocloud's drivertest is for its drivers.
+// The memory backend, the Redis backends (standalone and cluster) and any
+// decorator run the same scenarios and must agree decision for decision:
+// every [ratelimit.Decision] field, durations to the microsecond.
+//
+// A backend's test hands [Run] a [Harness] that builds it:
+//
+//	func TestConformance(t *testing.T) {
+//		ratelimittest.Run(t, ratelimittest.Harness{
+//			New: func(t *testing.T, clock ratelimit.Clock) ratelimit.Backend {
+//				b := memory.New(memory.WithClock(clock))
+//				t.Cleanup(func() { b.Close() })
+//				return b
+//			},
+//		})
+//	}
+//
+// # Scenarios
+//
+// Each scenario is a subtest with its own backend (one call to
+// Harness.New) and its own [Clock], starting at 2030-01-01T00:00:00Z. The
+// groups are:
+//
+//   - Counts: a burst of the capacity is allowed and the next request
+//     denied with the exact RetryAfter; denied requests take nothing;
+//     InitialTokens; waits rounded up to the microsecond; counts near
+//     [ratelimit.MaxCapacity].
+//   - Refill: Greedy, Interval and IntervalAligned refill as the clock
+//     advances.
+//   - MultiBandwidth: a burst over a sustained rate, and which bandwidth
+//     the decision reports as binding, ties included.
+//   - Ops: every [ratelimit.Op], through Backend.Do and through
+//     [ratelimit.Bucket].
+//   - Inheritance: every [ratelimit.Inheritance] on a config change, on the
+//     next call through a [ratelimit.Limiter] and with Replace; matching by
+//     ID and by position; exact Proportionally at 2^50.
+//   - BadInput: bad keys, configs and requests fail with errors wrapping
+//     [ratelimit.ErrInvalidKey], [ratelimit.ErrInvalidConfig] or
+//     [ratelimit.ErrInvalidRequest], and leave the bucket unchanged.
+//   - Keys: keys are independent and compared byte for byte.
+//   - Wait: [ratelimit.Bucket.Wait] returns at once, sleeps a few
+//     milliseconds, fails at once past the deadline, or gives its tokens back
+//     when cancelled.
+//   - Concurrency: concurrent callers on one key are admitted exactly the
+//     capacity. Run the suite with -race.
+//
+// Scenarios reach the backend only through [ratelimit.Backend.Do],
+// [ratelimit.Limiter] and [ratelimit.Bucket], and assume nothing kept in
+// the process: the backend may store buckets in a server that outlives the
+// test. Keys start with "ratelimittest:", then a random run ID and the
+// subtest's name, so runs against a shared server do not meet; they hold no
+// braces except where a scenario tests braces.
+//
+// # Clocks
+//
+// By default the backend must read time only from the clock passed to New,
+// which the scenarios advance by hand: a Redis backend passes it to its
+// script as an argument. A backend whose store keeps the time (Redis TIME)
+// sets [Harness.ServerClock]. The suite then passes a real-time clock the
+// backend may ignore and:
+//
+//   - skips the scenarios that step the clock by minutes or check a wait to
+//     the microsecond (Counts/RetryAfterRoundsUp, Counts/LargeGreedy,
+//     Counts/RefilledBucketStartsFromInitialTokens, Refill/Greedy,
+//     Refill/Interval, Refill/IntervalAligned, Refill/IntervalAlignedPartial,
+//     MultiBandwidth/SustainedBinds, Inheritance/RefillsAtNewRate);
+//   - runs Refill/*Bounds by sleeping (about half a second in all) and
+//     checks token counts against bounds;
+//   - checks every RetryAfter and ResetAfter as at most the exact value and
+//     short of it by no more than the time the scenario has run. Token
+//     counts stay exact: those scenarios refill too slowly for a token to
+//     return while they run.
+//
+// Wait sleeps on the real clock whichever the backend reads, so the Wait
+// scenarios keep every sleep to a few milliseconds.
+package ratelimittest
