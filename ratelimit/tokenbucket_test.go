@@ -498,7 +498,8 @@ func TestApplyReserveDebtLimit(t *testing.T) {
 	t.Run("greedy, scaled units", func(t *testing.T) {
 		// 4 scaled units a token, 3 a µs, 2^49 tokens: full is 2^51 units,
 		// and -2^51 binds long before 2^51µs of refill (⌈2^52/3⌉µs from
-		// there). A token fits again once 4 units of the 3 a µs have come.
+		// there). One more token, 4 units, fits once 4 units have
+		// returned: at 2µs, not at 1µs.
 		run(t, cfgOf(Every(4*us, 3).WithBurst(1<<49)), []step{
 			{at: 0, req: reserve(1<<49, forever), want: reserved(1<<49, 0, 1<<49, 0, 750599937895083, "0")},
 			{at: 0, req: reserve(1<<49, forever), want: reserved(1<<49, 0, 1<<49, 750599937895083, 1501199875790166, "0")},
@@ -819,7 +820,7 @@ func TestApplyReadOnly(t *testing.T) {
 				var want State
 				Apply(&want, cfg, Request{Op: Reset}, 1000)
 				wantD := Apply(&want, cfg, req, 1000)
-				var array [4]BandState
+				var array [4]BandState // room the new bucket may use
 				var expired State
 				Apply(&expired, other, consume(1), 0) // expires at 100
 				for _, s := range []State{{}, {Bands: array[:0]}, {Fingerprint: 7, Bands: []BandState{}}, expired} {
@@ -879,7 +880,8 @@ func TestApplyReadOnly(t *testing.T) {
 		expires: 700000 + 60000000 + 60000000,
 	}, {
 		// The next request finds the new config's fingerprint and converts
-		// no more, whatever its Strategy: 14 tokens, not 20.
+		// no more, whatever its Strategy: it takes from the 14 tokens;
+		// ResetTokens would have given 20.
 		name: "a changed config seen by Inspect is kept",
 		cfg:  old,
 		steps: []step{
@@ -1074,7 +1076,8 @@ func TestApplyExpiresAt(t *testing.T) {
 		},
 		want: maxClock + 1<<51 + 1<<50,
 	}, {
-		// A fuzzer's find: 2060, and 25000 days to fill, twice.
+		// A reported failure: in 2060, 25000 days to fill plus the same
+		// warm-up stay under 2^53.
 		name:  "a late clock, a long fill",
 		cfg:   cfgOf(Every(24*time.Hour, 1).WithBurst(25000).WithRefill(Interval).WithInitialTokens(0)),
 		steps: []step{{at: 2840140800000000, req: reserve(25000, time.Duration(math.MaxInt64)), want: denied(25000, 0, 2160000000000000, 2160000000000000, "0")}},

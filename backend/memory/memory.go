@@ -65,7 +65,7 @@ type Backend struct {
 	// a sweep; until then a new key at the cap is refused without sweeping
 	// again. Lowered by every decision that stores an earlier expiry.
 	expiryHint atomic.Int64
-	roomMu   sync.Mutex // one sweep for room at a time
+	roomMu     sync.Mutex // one sweep for room at a time
 
 	clock        ratelimit.Clock // nil: the monotonic clock below
 	origin       time.Time

@@ -125,9 +125,8 @@ func testRefilledStartsFromInitial(t *testing.T, e *env) {
 		// Full since 0s ago; expires 40m (the warm-up from 1 to 3) later.
 		{advance: time.Hour, req: consume(3),
 			want: dec{Allowed: true, Limit: 3, Remaining: 0, Consumed: 3, ResetAfter: time.Hour, Bandwidth: "0"}},
-		{advance: time.Hour + 39*time.Minute, req: inspect(),
-			want: dec{Allowed: true, Limit: 3, Remaining: 3, Bandwidth: "0"}},
-		{advance: time.Minute, req: inspect(),
+		// Full again at 2h; expired at 2h40m: a new bucket, back at 1.
+		{advance: time.Hour + 40*time.Minute, req: inspect(),
 			want: dec{Allowed: true, Limit: 3, Remaining: 1, ResetAfter: 40 * time.Minute, Bandwidth: "0"}},
 	})
 }
