@@ -7,6 +7,8 @@ type Decision struct {
 	// Allowed reports whether the request passed. For Estimate it says
 	// whether Consume would pass, for Inspect whether one token is available.
 	Allowed bool
+	// Degraded reports that a fail policy decided, not the store.
+	Degraded bool
 	// Limit is the capacity of the binding bandwidth.
 	Limit int64
 	// Remaining is the whole tokens left in the binding bandwidth after this
@@ -26,6 +28,4 @@ type Decision struct {
 	// none. When allowed, the binding bandwidth is the one with the fewest
 	// tokens left; when not, the one that needs the longest to refill.
 	Bandwidth string
-	// Degraded reports that a fail policy decided, not the store.
-	Degraded bool
 }

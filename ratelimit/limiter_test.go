@@ -8,9 +8,13 @@ import (
 	"testing/synctest"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/ratelimit"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // inBubble runs f in a synctest bubble with a Limiter over a memory backend
 // that reads the bubble's fake time.

@@ -53,7 +53,7 @@ type BandState struct {
 // period in µs). Refill is then exact, and the wait for n tokens is
 // ceil((n×Scale − Level)/Rate) µs. Interval kinds count whole tokens and add
 // RefillTokens at each period boundary.
-func Apply(s *State, cfg Config, req Request, now int64) Decision {
+func Apply(s *State, cfg Config, req Request, now int64) (d Decision) {
 	fp := cfg.Fingerprint()
 	switch {
 	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt:
@@ -66,6 +66,8 @@ func Apply(s *State, cfg Config, req Request, now int64) Decision {
 		refill(&bws[i], &s.Bands[i], now)
 	}
 
+	d.Allowed = true
+	binding := -1 // the bandwidth with the fewest tokens left
 	switch req.Op {
 	case Consume, Estimate, Reserve, Inspect:
 		n := req.Tokens
@@ -76,30 +78,18 @@ func Apply(s *State, cfg Config, req Request, now int64) Decision {
 		switch {
 		case req.Op == Consume && wait == 0, req.Op == Reserve && s.canReserve(bws, n, wait, req.MaxWait):
 			s.take(n)
-			d := s.decide(bws, true, now)
 			d.Consumed, d.RetryAfter = n, micros(wait)
-			return d
-		case wait == 0:
-			return s.decide(bws, true, now)
-		default:
-			d := s.decide(bws, false, now)
-			d.RetryAfter = micros(wait)
-			d.Limit, d.Remaining, d.Bandwidth = s.Bands[slowest].Capacity, remaining(&s.Bands[slowest]), bandName(bws, slowest)
-			return d
+		case wait > 0:
+			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
 		}
 	case ConsumeUpTo:
-		n := min(req.Tokens, s.available())
-		if n == 0 {
+		if n := min(req.Tokens, s.available()); n > 0 {
+			s.take(n)
+			d.Consumed = n
+		} else {
 			wait, slowest := s.waitFor(bws, 1, now)
-			d := s.decide(bws, false, now)
-			d.RetryAfter = micros(wait)
-			d.Limit, d.Remaining, d.Bandwidth = s.Bands[slowest].Capacity, 0, bandName(bws, slowest)
-			return d
+			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
 		}
-		s.take(n)
-		d := s.decide(bws, true, now)
-		d.Consumed = n
-		return d
 	case Add:
 		for i := range s.Bands {
 			st := &s.Bands[i]
@@ -115,7 +105,8 @@ func Apply(s *State, cfg Config, req Request, now int64) Decision {
 			}
 		}
 	}
-	return s.decide(bws, true, now)
+	s.settle(&d, bws, binding, now)
+	return d
 }
 
 // init makes s the state of a new bucket for cfg.
@@ -332,21 +323,25 @@ func remaining(st *BandState) int64 {
 	return st.Level / st.Scale
 }
 
-// decide builds the decision for the state as it now is, bound to the
-// bandwidth with the fewest tokens left, and records when s expires.
-func (s *State) decide(bws []Bandwidth, allowed bool, now int64) Decision {
-	d := Decision{Allowed: allowed, Remaining: math.MaxInt64}
+// settle completes d from the state as it now is: Limit, Remaining and
+// Bandwidth of the binding bandwidth (the one with the fewest tokens left
+// when binding is -1), and ResetAfter; and records when s expires.
+func (s *State) settle(d *Decision, bws []Bandwidth, binding int, now int64) {
 	var resetAfter int64
+	least := int64(math.MaxInt64)
 	for i := range bws {
 		st := &s.Bands[i]
-		if r := remaining(st); r < d.Remaining {
-			d.Remaining, d.Limit, d.Bandwidth = r, st.Capacity, bandName(bws, i)
+		if r := remaining(st); binding < 0 && r < least {
+			least, d.Limit, d.Remaining, d.Bandwidth = r, st.Capacity, r, bandName(bws, i)
 		}
 		resetAfter = max(resetAfter, timeTo(&bws[i], st, st.Capacity*st.Scale, now))
 	}
+	if binding >= 0 {
+		st := &s.Bands[binding]
+		d.Limit, d.Remaining, d.Bandwidth = st.Capacity, remaining(st), bandName(bws, binding)
+	}
 	d.ResetAfter = micros(resetAfter)
 	s.ExpiresAt = now + resetAfter + warmup(bws, now)
-	return d
 }
 
 // warmup is how long a bucket created at now takes to fill: 0 unless some

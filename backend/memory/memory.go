@@ -21,7 +21,6 @@ import (
 	"math"
 	"math/bits"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -161,23 +160,25 @@ func shardCount() int {
 // errNoRoom tells Do that a new key met the cap and a sweep may make room.
 var errNoRoom = errors.New("memory: no room")
 
-// Do implements [ratelimit.Backend].
-func (m *Backend) Do(_ context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
+// Do implements [ratelimit.Backend]. A new bucket keeps key as passed: a
+// key sliced from a large buffer keeps that buffer alive as long as the
+// bucket, so pass a copy ([strings.Clone]) of such a key.
+func (m *Backend) Do(_ context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (d ratelimit.Decision, err error) {
 	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
-		return ratelimit.Decision{}, err
+		return d, err
 	}
 	if m.closed.Load() {
-		return ratelimit.Decision{}, ErrClosed
+		return d, ErrClosed
 	}
 	now := m.now()
 	sh := &m.shards[maphash.String(m.seed, key)&m.mask]
 	sh.mu.Lock()
-	d, err := m.apply(sh, key, cfg, req, now)
+	err = m.apply(&d, sh, key, cfg, req, now)
 	sh.mu.Unlock()
 	if err == errNoRoom {
 		m.makeRoom(now)
 		sh.mu.Lock()
-		d, err = m.apply(sh, key, cfg, req, now)
+		err = m.apply(&d, sh, key, cfg, req, now)
 		sh.mu.Unlock()
 		if err == errNoRoom {
 			err = ErrTooManyKeys
@@ -186,34 +187,35 @@ func (m *Backend) Do(_ context.Context, key string, cfg ratelimit.Config, req ra
 	return d, err
 }
 
-// apply decides req on the bucket at key. Called with sh.mu held.
-func (m *Backend) apply(sh *shard, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) (ratelimit.Decision, error) {
+// apply decides req on the bucket at key into d. Called with sh.mu held.
+func (m *Backend) apply(d *ratelimit.Decision, sh *shard, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) error {
 	e := sh.buckets[key]
 	if e == nil {
-		return m.create(sh, key, cfg, req, now)
+		return m.create(d, sh, key, cfg, req, now)
 	}
-	d := ratelimit.Apply(&e.state, cfg, req, now)
+	*d = ratelimit.Apply(&e.state, cfg, req, now)
 	if e.state.ExpiresAt <= now {
 		delete(sh.buckets, key) // the same as absent
 		m.keys.Add(-1)
-		return d, nil
+		return nil
 	}
 	m.lowerExpiryHint(e.state.ExpiresAt)
-	return d, nil
+	return nil
 }
 
 // create decides req on an absent bucket, storing it unless it is still the
 // same as absent (full, and no InitialTokens below capacity).
-func (m *Backend) create(sh *shard, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) (ratelimit.Decision, error) {
+func (m *Backend) create(d *ratelimit.Decision, sh *shard, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) error {
 	var fresh entry
 	fresh.state.Bands = fresh.bands[:0]
-	d := ratelimit.Apply(&fresh.state, cfg, req, now)
+	*d = ratelimit.Apply(&fresh.state, cfg, req, now)
 	if fresh.state.ExpiresAt <= now {
-		return d, nil
+		return nil
 	}
 	if m.keys.Add(1) > m.maxKeys {
 		m.keys.Add(-1)
-		return ratelimit.Decision{}, errNoRoom
+		*d = ratelimit.Decision{}
+		return errNoRoom
 	}
 	e := new(entry)
 	*e = fresh
@@ -221,8 +223,8 @@ func (m *Backend) create(sh *shard, key string, cfg ratelimit.Config, req rateli
 		e.state.Bands = e.bands[:len(fresh.state.Bands)]
 	}
 	m.lowerExpiryHint(e.state.ExpiresAt)
-	sh.buckets[strings.Clone(key)] = e // the map must not pin the caller's memory
-	return d, nil
+	sh.buckets[key] = e
+	return nil
 }
 
 // lowerExpiryHint keeps expiryHint at or below expiresAt.
