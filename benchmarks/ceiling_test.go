@@ -28,8 +28,8 @@ func BenchmarkParallelCeiling(b *testing.B) {
 	})
 }
 
-// spin is about a hundred nanoseconds of register-only arithmetic: a chain
-// of xorshift steps, each depending on the last.
+// spin is about half a microsecond of register-only arithmetic: a chain of
+// xorshift steps, each depending on the last.
 func spin(x uint64) uint64 {
 	for range 256 {
 		x ^= x << 13

@@ -1,7 +1,7 @@
 #!/bin/sh
 # run.sh runs sluice's benchmarks and compares them with benchstat.
 #
-# Usage: benchmarks/run.sh [OUTDIR] (default: bench-results, in the SDK root)
+# Usage: benchmarks/run.sh [OUTDIR]   (default: bench, in the SDK root; git ignores it)
 #
 # Each of COUNT rounds (default 6) runs every benchmark once, so the samples
 # of every implementation are spread over the same stretch of time: a burst
@@ -11,7 +11,7 @@
 set -eu
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-bench-results}
+out=${1:-bench}
 count=${COUNT:-6}
 benchstat="go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da"
 
@@ -27,13 +27,14 @@ while [ "$i" -lt "$count" ]; do
 	(cd benchmarks && go test -run='^$' -bench=. -benchmem -count=1 -cpu=1,2 ./...) >>"$out/peers.txt"
 done
 
+units='.unit:(sec/op OR allocs/op)'
 {
 	echo "## sluice memory backend: serial vs parallel"
-	$benchstat -col /mode "$out/memory.txt"
+	$benchstat -col /mode -filter "$units" "$out/memory.txt"
 	echo
-	echo "## sluice vs peers (baseline: x/time/rate per key in a sync.Map)"
-	$benchstat -col '/impl@(xrate sluice sethvargo ulule throttled)' "$out/peers.txt"
+	echo "## sluice vs peers (baseline: x/time/rate, one Limiter per key in a sync.Map)"
+	$benchstat -col '/impl@(xrate sluice sethvargo ulule throttled)' -filter "$units" "$out/peers.txt"
 	echo
 	echo "## serial vs parallel, per implementation"
-	$benchstat -col /mode -row '/path /keys /impl' "$out/peers.txt"
+	$benchstat -col /mode -filter "$units" "$out/peers.txt"
 } | tee "$out/benchstat.txt"

@@ -62,7 +62,8 @@
 //
 //   - skips the scenarios that step the clock by minutes or check a wait to
 //     the microsecond (Counts/RetryAfterRoundsUp, Counts/LargeGreedy,
-//     Counts/RefilledBucketStartsFromInitialTokens, Refill/Greedy,
+//     Counts/RefilledBucketStartsFromInitialTokens,
+//     Ops/EstimateKeepsANewBucket, Refill/Greedy,
 //     Refill/Interval, Refill/IntervalAligned, Refill/IntervalAlignedPartial,
 //     MultiBandwidth/SustainedBinds, Inheritance/RefillsAtNewRate);
 //   - runs Refill/*Bounds by sleeping (about half a second in all) and

@@ -12,6 +12,7 @@ import (
 // [ratelimit.Bucket] method that sends it.
 var opScenarios = []scenario{
 	{name: "Estimate", run: testEstimate},
+	{name: "EstimateKeepsANewBucket", fakeClock: true, run: testEstimateKeepsANewBucket},
 	{name: "Reserve", run: testReserve},
 	{name: "ConsumeUpTo", run: testConsumeUpTo},
 	{name: "Add", run: testAdd},
@@ -38,6 +39,17 @@ func testEstimate(t *testing.T, e *env) {
 		t.Fatalf("Bucket.Estimate: %v", err)
 	}
 	e.check(t, "Bucket.Estimate(1)", d, last)
+}
+
+// testEstimateKeepsANewBucket: Estimate takes nothing but keeps the bucket
+// it had to build (one that starts below capacity), so the wait it reports
+// comes true: a client that only asks, then waits, then consumes, passes.
+func testEstimateKeepsANewBucket(t *testing.T, e *env) {
+	cfg := config(ratelimit.PerHour(3).WithInitialTokens(0))
+	e.steps(t, e.key("k"), cfg, []step{
+		{req: estimate(2), want: dec{Limit: 3, RetryAfter: 40 * time.Minute, ResetAfter: time.Hour, Bandwidth: "0"}},
+		{advance: 40 * time.Minute, req: consume(2), want: dec{Allowed: true, Limit: 3, Consumed: 2, ResetAfter: time.Hour, Bandwidth: "0"}},
+	})
 }
 
 // testReserve: Reserve takes tokens on credit when they arrive within
