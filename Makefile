@@ -13,10 +13,6 @@ GO ?= go
 FUZZTIME ?= 30s
 # The package whose Fuzz targets `make fuzz` runs.
 FUZZPKG ?= ./ratelimit
-# Runs per benchmark in `make bench`: benchstat wants at least 6.
-BENCHCOUNT ?= 6
-# How long each of those runs lasts (go test -benchtime).
-BENCHTIME ?= 1s
 # staticcheck, pinned so that a new release cannot fail CI overnight; bump it
 # on purpose (it must understand the Go toolchain in use). Release 2026.2.2
 # is module version v0.8.2: the module proxy knows only the latter.
@@ -24,7 +20,6 @@ STATICCHECK_VERSION ?= v0.8.2
 
 GOBIN := $(or $(shell $(GO) env GOBIN),$(shell $(GO) env GOPATH)/bin)
 STATICCHECK := $(or $(shell command -v staticcheck),$(GOBIN)/staticcheck)
-BENCHSTAT := $(or $(shell command -v benchstat),$(wildcard $(GOBIN)/benchstat))
 # The benchmarks module (sluice against its peers) is optional.
 BENCHMARKS_MOD := $(wildcard benchmarks/go.mod)
 
@@ -48,30 +43,8 @@ test-integration: ## tests whose names contain Integration, with -race
 	$(GO) test -race -count=1 -run 'Integration' ./...
 
 .PHONY: bench
-bench: ## benchmarks into bench/*.txt, compared with the previous run by benchstat if installed
-	mkdir -p bench
-	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./backend/memory ./ratelimit | tee bench/core.new.txt
-	$(call keep-bench,core)
-ifneq ($(BENCHMARKS_MOD),)
-	cd benchmarks && $(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) -cpu=1,2 ./... | tee ../bench/peers.new.txt
-	$(call keep-bench,peers)
-endif
-ifneq ($(BENCHSTAT),)
-	for f in bench/core.txt bench/peers.txt; do \
-	  [ -f "$$f" ] || continue; \
-	  old="$${f%.txt}.old.txt"; \
-	  echo "== benchstat $$f"; \
-	  if [ -f "$$old" ]; then $(BENCHSTAT) "$$old" "$$f"; else $(BENCHSTAT) "$$f"; fi; \
-	done
-else
-	@echo "benchstat not installed (go install golang.org/x/perf/cmd/benchstat@latest); raw results are in bench/"
-endif
-
-# keep-bench,NAME makes a finished run bench/NAME.txt and the one before it
-# bench/NAME.old.txt. A failed run never gets here, so it replaces nothing.
-define keep-bench
-if [ -f bench/$(1).txt ]; then mv bench/$(1).txt bench/$(1).old.txt; fi; mv bench/$(1).new.txt bench/$(1).txt
-endef
+bench: ## sluice vs its peers, six interleaved rounds, benchstat tables in bench/benchstat.txt (about 20 min)
+	sh benchmarks/run.sh bench
 
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt (must list nothing), go vet and staticcheck, in both modules

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"math"
 	"math/bits"
-	"strconv"
 	"time"
 )
 
@@ -359,12 +358,15 @@ func warmup(bws []Bandwidth, now int64) int64 {
 	return w
 }
 
+// indexNames name the bandwidths that have no ID.
+var indexNames = [MaxBandwidths]string{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15"}
+
 // bandName is the bandwidth's ID, or its index when it has none.
 func bandName(bws []Bandwidth, i int) string {
 	if id := bws[i].ID; id != "" {
 		return id
 	}
-	return strconv.Itoa(i)
+	return indexNames[i]
 }
 
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }

@@ -151,10 +151,11 @@ func New(opts ...Option) *Backend {
 	return m
 }
 
-// shardCount is a power of two, eight shards per CPU, 16 to 256.
+// shardCount is a power of two, 64 shards per CPU, 256 to 4096: enough
+// that goroutines on different keys seldom meet on a lock.
 func shardCount() int {
-	n := 1 << bits.Len(uint(8*runtime.GOMAXPROCS(0)-1))
-	return min(max(n, 16), 256)
+	n := 1 << bits.Len(uint(64*runtime.GOMAXPROCS(0)-1))
+	return min(max(n, 256), 4096)
 }
 
 // errNoRoom tells Do that a new key met the cap and a sweep may make room.
