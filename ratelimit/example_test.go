@@ -8,17 +8,13 @@ import (
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/ratelimit/ratelimittest"
 )
 
-// exampleClock is a hand-driven clock that keeps the examples' output
+// newExampleClock is a hand-driven clock that keeps the examples' output
 // deterministic; a real service leaves the memory backend on its own clock.
-type exampleClock struct{ t time.Time }
-
-func (c *exampleClock) Now() time.Time          { return c.t }
-func (c *exampleClock) Advance(d time.Duration) { c.t = c.t.Add(d) }
-
-func newExampleClock() *exampleClock {
-	return &exampleClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+func newExampleClock() *ratelimittest.Clock {
+	return ratelimittest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 }
 
 func ExampleLimiter_Allow() {

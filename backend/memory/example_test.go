@@ -8,14 +8,14 @@ import (
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/ratelimit/ratelimittest"
 )
 
-// exampleClock is a hand-driven clock that keeps the examples' output
+// newExampleClock is a hand-driven clock that keeps the examples' output
 // deterministic; a real service leaves the Backend on its own clock.
-type exampleClock struct{ t time.Time }
-
-func (c *exampleClock) Now() time.Time          { return c.t }
-func (c *exampleClock) Advance(d time.Duration) { c.t = c.t.Add(d) }
+func newExampleClock() *ratelimittest.Clock {
+	return ratelimittest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+}
 
 func ExampleNew() {
 	backend := memory.New()
@@ -36,7 +36,7 @@ func ExampleNew() {
 // A full bucket is the same as an absent one, so the Backend stores only
 // buckets that are still refilling.
 func ExampleBackend_Len() {
-	clock := &exampleClock{t: time.Unix(1_700_000_000, 0)}
+	clock := newExampleClock()
 	backend := memory.New(memory.WithClock(clock))
 	defer backend.Close()
 	limiter := ratelimit.New(backend)
@@ -57,7 +57,7 @@ func ExampleBackend_Len() {
 // With a cap on keys, a new key is refused while every stored bucket is
 // still refilling: forgetting one would hand its owner a full bucket.
 func ExampleWithMaxKeys() {
-	clock := &exampleClock{t: time.Unix(1_700_000_000, 0)}
+	clock := newExampleClock()
 	backend := memory.New(memory.WithClock(clock), memory.WithMaxKeys(1))
 	defer backend.Close()
 	limiter := ratelimit.New(backend)

@@ -14,29 +14,13 @@ import (
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/ratelimit/ratelimittest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// clock is a settable clock for tests outside a synctest bubble.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+// newClock is a settable clock for tests outside a synctest bubble.
+func newClock() *ratelimittest.Clock { return ratelimittest.NewClock(time.Unix(1_700_000_000, 0)) }
 
 var tenPerSecond = ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(10)}}
 
