@@ -340,19 +340,21 @@ func (s *State) settle(d *Decision, bws []Bandwidth, binding int, now int64) {
 		d.Limit, d.Remaining, d.Bandwidth = st.Capacity, remaining(st), bandName(bws, binding)
 	}
 	d.ResetAfter = micros(resetAfter)
-	s.ExpiresAt = now + resetAfter + warmup(bws, now)
+	s.ExpiresAt = now + resetAfter + s.warmup(bws, now)
 }
 
 // warmup is how long a bucket created at now takes to fill: 0 unless some
-// bandwidth starts below capacity.
-func warmup(bws []Bandwidth, now int64) int64 {
+// bandwidth starts below capacity. s was built for bws, so its scales and
+// rates are a new bucket's, and no gcd is computed per call.
+func (s *State) warmup(bws []Bandwidth, now int64) int64 {
 	var w int64
 	for i := range bws {
 		b := &bws[i]
 		if b.initial() == b.Capacity {
 			continue
 		}
-		st := fresh(b, now)
+		st := s.Bands[i]
+		st.Level, st.Stamp = b.initial()*st.Scale, periodStart(b, now)
 		w = max(w, timeTo(b, &st, st.Capacity*st.Scale, now))
 	}
 	return w
