@@ -116,11 +116,3 @@ func (b Bandwidth) WithInitialTokens(n int64) Bandwidth {
 	b.InitialTokens = &n
 	return b
 }
-
-// initial is the number of tokens a fresh bandwidth holds.
-func (b *Bandwidth) initial() int64 {
-	if b.InitialTokens == nil {
-		return b.Capacity
-	}
-	return *b.InitialTokens
-}

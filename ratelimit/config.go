@@ -132,7 +132,7 @@ func (b *Bandwidth) validate() error {
 	if b.RefillPeriod%time.Microsecond != 0 {
 		return badField("RefillPeriod must be a whole number of microseconds, got %v", b.RefillPeriod)
 	}
-	period := b.periodMicros()
+	period := b.PeriodMicros()
 	if b.RefillTokens < 1 || b.RefillTokens > period {
 		return badField("RefillTokens must be between 1 and one per microsecond of RefillPeriod (%d), got %d", period, b.RefillTokens)
 	}
@@ -159,10 +159,10 @@ func (b *Bandwidth) validate() error {
 func (b *Bandwidth) validateExact() error {
 	if b.Refill == Greedy {
 		// Cheap sufficient test first: the scale never exceeds the period.
-		if hi, lo := bits.Mul64(uint64(b.Capacity), uint64(b.periodMicros())); hi == 0 && lo <= MaxScaled {
+		if hi, lo := bits.Mul64(uint64(b.Capacity), uint64(b.PeriodMicros())); hi == 0 && lo <= MaxScaled {
 			return nil
 		}
-		scale, _ := b.scaleAndRate()
+		scale, _ := b.Units()
 		if hi, lo := bits.Mul64(uint64(b.Capacity), uint64(scale)); hi != 0 || lo > MaxScaled {
 			return badField("Capacity %d refilled greedily by %d per %v takes more than 2^51 scaled units, beyond exact arithmetic: lower Capacity, make RefillTokens divide the period, or use Interval refill",
 				b.Capacity, b.RefillTokens, b.RefillPeriod)
@@ -170,7 +170,7 @@ func (b *Bandwidth) validateExact() error {
 		return nil
 	}
 	periods := ceilDiv(b.Capacity, b.RefillTokens)
-	if hi, lo := bits.Mul64(uint64(periods), uint64(b.periodMicros())); hi != 0 || lo > MaxScaled {
+	if hi, lo := bits.Mul64(uint64(periods), uint64(b.PeriodMicros())); hi != 0 || lo > MaxScaled {
 		return badField("Capacity %d refilled by %d per %v takes more than 2^51µs (71 years) to fill", b.Capacity, b.RefillTokens, b.RefillPeriod)
 	}
 	return nil
@@ -181,19 +181,39 @@ func isIDByte(c byte) bool {
 		c == '-' || c == '_' || c == '.' || c == ':'
 }
 
-// periodMicros is RefillPeriod in whole microseconds.
-func (b *Bandwidth) periodMicros() int64 { return int64(b.RefillPeriod / time.Microsecond) }
-
-// scaleAndRate returns how many scaled units make one token and how many
-// scaled units accrue per microsecond (Greedy), or 1 and RefillTokens
-// (Interval kinds, which add whole tokens once per period).
-func (b *Bandwidth) scaleAndRate() (scale, rate int64) {
+// Units returns how [Apply] counts b: scale scaled units make one token,
+// and rate of them accrue every microsecond (Greedy); or scale is 1 and rate
+// is RefillTokens, added once per period (Interval kinds). A backend that
+// computes Apply elsewhere, as the Redis backends' script does, passes them
+// along so that it needs no gcd. b must be valid.
+func (b Bandwidth) Units() (scale, rate int64) {
 	if b.Refill != Greedy {
 		return 1, b.RefillTokens
 	}
-	period := b.periodMicros()
+	period := b.PeriodMicros()
 	g := gcd(b.RefillTokens, period)
 	return period / g, b.RefillTokens / g
+}
+
+// Initial returns the tokens a new bucket's b holds: InitialTokens, or
+// Capacity when that is nil.
+func (b Bandwidth) Initial() int64 {
+	if b.InitialTokens == nil {
+		return b.Capacity
+	}
+	return *b.InitialTokens
+}
+
+// PeriodMicros returns RefillPeriod in whole microseconds.
+func (b Bandwidth) PeriodMicros() int64 { return int64(b.RefillPeriod / time.Microsecond) }
+
+// BandwidthName returns the name [Decision.Bandwidth] gives Bandwidths[i]:
+// its ID, or its index when it has none; "" when i is out of range.
+func (c Config) BandwidthName(i int) string {
+	if i < 0 || i >= len(c.Bandwidths) {
+		return ""
+	}
+	return bandName(c.Bandwidths, i)
 }
 
 func gcd(a, b int64) int64 {
@@ -220,7 +240,7 @@ func (c Config) Fingerprint() uint64 {
 		h = mix(h, uint64(b.RefillTokens))
 		h = mix(h, uint64(b.RefillPeriod))
 		h = mix(h, uint64(b.Refill))
-		h = mix(h, uint64(b.initial()))
+		h = mix(h, uint64(b.Initial()))
 		if b.Refill == IntervalAligned {
 			h = mix(h, uint64(b.AlignedStart.UnixMicro()))
 		}

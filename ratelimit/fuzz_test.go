@@ -176,7 +176,7 @@ func checkState(t *testing.T, cfg Config, s *State) {
 	}
 	for i := range s.Bands {
 		b, st := &cfg.Bandwidths[i], &s.Bands[i]
-		scale, rate := b.scaleAndRate()
+		scale, rate := b.Units()
 		switch {
 		case st.ID != b.ID || st.Capacity != b.Capacity || st.Scale != scale || st.Rate != rate:
 			t.Fatalf("Bands[%d] = %+v, want ID %q, Capacity %d, Scale %d, Rate %d", i, *st, b.ID, b.Capacity, scale, rate)

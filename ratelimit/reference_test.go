@@ -298,7 +298,7 @@ func sameConfig(a, b Config) bool {
 	for i := range a.Bandwidths {
 		x, y := a.Bandwidths[i], b.Bandwidths[i]
 		if x.ID != y.ID || x.Capacity != y.Capacity || x.RefillTokens != y.RefillTokens ||
-			x.RefillPeriod != y.RefillPeriod || x.Refill != y.Refill || x.initial() != y.initial() ||
+			x.RefillPeriod != y.RefillPeriod || x.Refill != y.Refill || x.Initial() != y.Initial() ||
 			x.AlignedStart.UnixMicro() != y.AlignedStart.UnixMicro() {
 			return false
 		}

@@ -121,8 +121,8 @@ func (s *State) init(cfg Config, fp uint64, now int64) {
 }
 
 func fresh(b *Bandwidth, now int64) BandState {
-	scale, rate := b.scaleAndRate()
-	return BandState{ID: b.ID, Capacity: b.Capacity, Scale: scale, Rate: rate, Level: b.initial() * scale, Stamp: periodStart(b, now)}
+	scale, rate := b.Units()
+	return BandState{ID: b.ID, Capacity: b.Capacity, Scale: scale, Rate: rate, Level: b.Initial() * scale, Stamp: periodStart(b, now)}
 }
 
 // periodStart is the stamp of a bandwidth that is full at now: the
@@ -131,7 +131,7 @@ func periodStart(b *Bandwidth, now int64) int64 {
 	if b.Refill != IntervalAligned {
 		return now
 	}
-	start, period := b.AlignedStart.UnixMicro(), b.periodMicros()
+	start, period := b.AlignedStart.UnixMicro(), b.PeriodMicros()
 	return start + floorDiv(now-start, period)*period
 }
 
@@ -232,7 +232,7 @@ func refill(b *Bandwidth, st *BandState, now int64) {
 		st.Stamp = now
 		return
 	}
-	period := b.periodMicros()
+	period := b.PeriodMicros()
 	periods := elapsed / period
 	if periods == 0 {
 		return
@@ -255,7 +255,7 @@ func timeTo(b *Bandwidth, st *BandState, level, now int64) int64 {
 	if b.Refill == Greedy {
 		return ceilDiv(short, st.Rate) + max(0, st.Stamp-now)
 	}
-	return st.Stamp + ceilDiv(short, st.Rate)*b.periodMicros() - now
+	return st.Stamp + ceilDiv(short, st.Rate)*b.PeriodMicros() - now
 }
 
 // minLevel is the lowest level a bandwidth may reach by reservations: it
@@ -264,7 +264,7 @@ func timeTo(b *Bandwidth, st *BandState, level, now int64) int64 {
 func minLevel(b *Bandwidth, st *BandState) int64 {
 	full := st.Capacity * st.Scale
 	if b.Refill != Greedy {
-		return max(-MaxScaled, full-maxHorizon/b.periodMicros()*st.Rate)
+		return max(-MaxScaled, full-maxHorizon/b.PeriodMicros()*st.Rate)
 	}
 	hi, lo := bits.Mul64(maxHorizon, uint64(st.Rate))
 	if hi != 0 || lo >= uint64(full+MaxScaled) {
@@ -350,11 +350,11 @@ func (s *State) warmup(bws []Bandwidth, now int64) int64 {
 	var w int64
 	for i := range bws {
 		b := &bws[i]
-		if b.initial() == b.Capacity {
+		if b.Initial() == b.Capacity {
 			continue
 		}
 		st := s.Bands[i]
-		st.Level, st.Stamp = b.initial()*st.Scale, periodStart(b, now)
+		st.Level, st.Stamp = b.Initial()*st.Scale, periodStart(b, now)
 		w = max(w, timeTo(b, &st, st.Capacity*st.Scale, now))
 	}
 	return w

@@ -1,0 +1,106 @@
+package redisscript
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// ServerClock, passed to [NewCall] as now, makes the script read the
+// server's clock (TIME). Every replica then decides on one clock.
+const ServerClock = -1
+
+// maxTokens bounds the token count sent to the script, where numbers are
+// doubles: ConsumeUpTo and Add accept any positive count, but neither can
+// use more than 2^52 tokens, so clamping there changes no decision.
+const maxTokens = 1 << 53
+
+// Call is one decision's script invocation: the key and the packed request.
+type Call struct {
+	// Key is the bucket's Redis key, KEYS[1].
+	Key string
+	// Arg is the packed request, ARGV[1].
+	Arg string
+	cfg ratelimit.Config
+}
+
+// NewCall packs req on cfg for the bucket at key. now is the time in µs
+// since 1970 to decide at, or [ServerClock]. cfg and req must have passed
+// [ratelimit.CheckRequest]. The Call keeps cfg until [Call.Decision].
+func NewCall(prefix, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) Call {
+	const header, perBand = 8 + 1 + 8 + 8 + 1 + 8 + 1, 1 + 6*8 + 1
+	size := header
+	for i := range cfg.Bandwidths {
+		size += perBand + len(cfg.Bandwidths[i].ID)
+	}
+	var b strings.Builder
+	b.Grow(size)
+	var buf [8]byte
+	u64 := func(v uint64) {
+		binary.LittleEndian.PutUint64(buf[:], v)
+		b.Write(buf[:])
+	}
+	num := func(v int64) { u64(math.Float64bits(float64(v))) }
+
+	u64(cfg.Fingerprint())
+	b.WriteByte(byte(req.Op))
+	num(min(req.Tokens, maxTokens))
+	num(int64(req.MaxWait / time.Microsecond))
+	b.WriteByte(byte(req.Strategy))
+	num(now)
+	b.WriteByte(byte(len(cfg.Bandwidths)))
+	for i := range cfg.Bandwidths {
+		bw := &cfg.Bandwidths[i]
+		scale, rate := bw.Units()
+		var start int64
+		if bw.Refill == ratelimit.IntervalAligned {
+			start = bw.AlignedStart.UnixMicro()
+		}
+		b.WriteByte(byte(bw.Refill))
+		num(bw.Capacity)
+		num(scale)
+		num(rate)
+		num(bw.PeriodMicros())
+		num(bw.Initial())
+		num(start)
+		b.WriteByte(byte(len(bw.ID)))
+		b.WriteString(bw.ID)
+	}
+	return Call{Key: Key(prefix, key), Arg: b.String(), cfg: cfg}
+}
+
+// replyLen is the length of the script's reply: allowed, consumed, limit,
+// remaining, retry after (µs), reset after (µs), binding bandwidth.
+const replyLen = 7
+
+// Decision decodes the script's reply. A reply of the wrong shape is an
+// error wrapping [ratelimit.ErrBackendUnavailable]: it means the server ran
+// some other script under this one's SHA, or a proxy mangled the reply.
+func (c Call) Decision(reply []int64) (ratelimit.Decision, error) {
+	if len(reply) != replyLen {
+		return ratelimit.Decision{}, c.badReply(reply)
+	}
+	allowed, consumed, limit, remaining, retry, reset, binding := reply[0], reply[1], reply[2], reply[3], reply[4], reply[5], reply[6]
+	name := c.cfg.BandwidthName(int(binding))
+	if allowed < 0 || allowed > 1 || consumed < 0 || limit < 1 || remaining < 0 || remaining > limit ||
+		retry < 0 || reset < 0 || binding < 0 || name == "" {
+		return ratelimit.Decision{}, c.badReply(reply)
+	}
+	return ratelimit.Decision{
+		Allowed:    allowed == 1,
+		Limit:      limit,
+		Remaining:  remaining,
+		Consumed:   consumed,
+		RetryAfter: time.Duration(retry) * time.Microsecond,
+		ResetAfter: time.Duration(reset) * time.Microsecond,
+		Bandwidth:  name,
+	}, nil
+}
+
+func (c Call) badReply(reply []int64) error {
+	return fmt.Errorf("%w: sluice: key %q: the script replied %v, not a decision", ratelimit.ErrBackendUnavailable, c.Key, reply)
+}
