@@ -2,12 +2,14 @@ module github.com/sluicehq/sluice
 
 go 1.25.0
 
-require go.uber.org/goleak v1.3.0
+require (
+	github.com/redis/go-redis/v9 v9.22.0
+	github.com/redis/rueidis v1.0.79
+	go.uber.org/goleak v1.3.0
+)
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/redis/go-redis/v9 v9.22.0 // indirect
-	github.com/redis/rueidis v1.0.79 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
 	golang.org/x/sys v0.47.0 // indirect
 )

@@ -9,17 +9,17 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// Error wraps err, which running a call for op on the bucket at key
-// returned, as the [ratelimit.Backend] contract asks: a deadline or network
-// timeout wraps [ratelimit.ErrTimeout], anything else
-// [ratelimit.ErrBackendUnavailable]. err stays reachable with errors.Is and
-// errors.As. name is the backend's error prefix ("sluice/redis").
-func Error(name string, err error, key string, op ratelimit.Op) error {
+// Error wraps err, which a client returned, as the [ratelimit.Backend]
+// contract asks: a deadline or network timeout wraps [ratelimit.ErrTimeout],
+// anything else [ratelimit.ErrBackendUnavailable]. err stays reachable with
+// errors.Is and errors.As. what prefixes the message ("sluice/redis:
+// Consume on key \"k\"").
+func Error(err error, what string) error {
 	kind := ratelimit.ErrBackendUnavailable
 	if isTimeout(err) {
 		kind = ratelimit.ErrTimeout
 	}
-	return fmt.Errorf("%s: %v on key %q: %w: %w", name, op, key, kind, err)
+	return fmt.Errorf("%s: %w: %w", what, kind, err)
 }
 
 func isTimeout(err error) bool {

@@ -1,19 +1,19 @@
-package redisscript
+package redisscript_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice/internal/redisscript"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -29,14 +29,14 @@ func newClient(t *testing.T) *redis.Client {
 	return c
 }
 
-var script = redis.NewScript(TokenBucket)
+var script = redis.NewScript(redisscript.TokenBucket)
 
 // step is one request of a sequence and what the server did with it.
 type step struct {
 	cfg  ratelimit.Config
 	req  ratelimit.Request
 	now  int64
-	call Call
+	call redisscript.Call
 	run  *redis.Cmd
 	ttl  *redis.DurationCmd
 	get  *redis.StringCmd
@@ -61,7 +61,7 @@ func TestScriptMatchesApply(t *testing.T) {
 	for seed := range uint64(sequences) {
 		r := rand.New(rand.NewPCG(seed, 0x1ea))
 		big := r.IntN(3) == 0
-		cfgs := [2]ratelimit.Config{randConfig(r, big), randConfig(r, big)}
+		cfgs := [2]ratelimit.Config{redistest.RandConfig(r, big), redistest.RandConfig(r, big)}
 		key := fmt.Sprintf("seq:%d", seed)
 		now := r.Int64N(1 << 51)
 		if !big {
@@ -71,17 +71,17 @@ func TestScriptMatchesApply(t *testing.T) {
 		seq := make([]step, steps)
 		cur := 0
 		for i := range seq {
-			now = advance(r, now, big)
+			now = redistest.Advance(r, now, big)
 			if r.IntN(6) == 0 {
 				cur = 1 - cur
 			}
 			s := &seq[i]
 			s.cfg, s.now = cfgs[cur], now
-			s.req = randRequest(r, s.cfg)
+			s.req = redistest.RandRequest(r, s.cfg)
 			if err := ratelimit.CheckRequest(key, s.cfg, s.req); err != nil {
 				t.Fatalf("seed %d: generated a bad call: %v", seed, err)
 			}
-			s.call = NewCall("", key, s.cfg, s.req, now)
+			s.call = redisscript.NewCall("", key, s.cfg, s.req, now)
 			s.run = script.EvalSha(ctx, pipe, []string{s.call.Key}, s.call.Arg)
 			s.ttl = pipe.PTTL(ctx, s.call.Key)
 			s.get = pipe.Get(ctx, s.call.Key)
@@ -169,97 +169,4 @@ func ceilDiv(a, b int64) int64 {
 		q++
 	}
 	return q
-}
-
-// advance moves the clock: mostly a little, sometimes far, now and then back.
-func advance(r *rand.Rand, now int64, big bool) int64 {
-	switch k := r.IntN(10); {
-	case k < 4:
-		now += r.Int64N(60)
-	case k < 5:
-		now += r.Int64N(400)
-	case k < 6 && big:
-		now += r.Int64N(1 << 50)
-	case k < 7 && big:
-		now -= r.Int64N(1 << 30)
-	}
-	return min(max(now, 0), 1<<52-1)
-}
-
-// randConfig returns a valid config of 1 to 3 bandwidths of every kind:
-// small numbers that refill within a few steps, or (big) numbers near the
-// limits of the accepted range, where Lua's doubles would first go wrong.
-func randConfig(r *rand.Rand, big bool) ratelimit.Config {
-	for {
-		var cfg ratelimit.Config
-		ids := []string{"", "", "a", "b", "c"}
-		for range 1 + r.IntN(3) {
-			id := ids[r.IntN(len(ids))]
-			for _, b := range cfg.Bandwidths {
-				if b.ID == id {
-					id = ""
-				}
-			}
-			b := ratelimit.Bandwidth{ID: id, Refill: ratelimit.RefillKind(r.IntN(3))}
-			period := 1 + r.Int64N(40)
-			b.Capacity = 1 + r.Int64N(8)
-			if big {
-				period = 1 + r.Int64N(int64(ratelimit.MaxRefillPeriod/time.Microsecond))
-				b.Capacity = 1 + r.Int64N(ratelimit.MaxCapacity)>>r.IntN(50)
-			}
-			b.RefillPeriod = time.Duration(period) * time.Microsecond
-			b.RefillTokens = 1 + r.Int64N(period)>>r.IntN(40)
-			if b.Refill == ratelimit.IntervalAligned {
-				b.AlignedStart = time.UnixMicro(r.Int64N(1 << 51))
-			}
-			if r.IntN(3) == 0 {
-				b = b.WithInitialTokens(r.Int64N(b.Capacity + 1))
-			}
-			cfg.Bandwidths = append(cfg.Bandwidths, b)
-		}
-		if cfg.Validate() == nil {
-			return cfg
-		}
-	}
-}
-
-// randRequest returns a valid request for cfg, mostly ones that take.
-func randRequest(r *rand.Rand, cfg ratelimit.Config) ratelimit.Request {
-	limit := int64(ratelimit.MaxCapacity)
-	for _, b := range cfg.Bandwidths {
-		limit = min(limit, b.Capacity)
-	}
-	req := ratelimit.Request{Tokens: 1 + r.Int64N(limit)>>r.IntN(50), Strategy: ratelimit.Inheritance(r.IntN(4))}
-	switch k := r.IntN(20); {
-	case k < 6:
-		req.Op = ratelimit.Consume
-	case k < 8:
-		req.Op = ratelimit.Estimate
-	case k < 11:
-		req.Op = ratelimit.Reserve
-		req.MaxWait = time.Duration(r.Int64N(200)) * time.Microsecond
-		switch r.IntN(6) {
-		case 0:
-			req.MaxWait = time.Duration(math.MaxInt64)
-		case 1:
-			req.MaxWait = time.Duration(r.Int64N(math.MaxInt64))
-		}
-	case k < 13:
-		req.Op = ratelimit.ConsumeUpTo
-		if r.IntN(4) == 0 {
-			req.Tokens = math.MaxInt64
-		}
-	case k < 15:
-		req.Op = ratelimit.Add
-		if r.IntN(4) == 0 {
-			req.Tokens = math.MaxInt64 - r.Int64N(3)
-		}
-	case k < 16:
-		req.Op = ratelimit.Reset
-	case k < 17:
-		req.Op = ratelimit.Replace
-	default:
-		req.Op = ratelimit.Inspect
-	}
-	return req
 }

@@ -1,4 +1,4 @@
-package redisscript
+package redisscript_test
 
 import (
 	"encoding/binary"

@@ -1,0 +1,75 @@
+package redisbackend_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	redisbackend "github.com/sluicehq/sluice/backend/redis"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// connect builds the client the package comment recommends: no retries,
+// and the context's deadline obeyed.
+func connect(t *testing.T, addrs []string, cluster bool, o redistest.Options) (redistest.Backend, func()) {
+	var c redis.UniversalClient
+	if cluster {
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRetries: -1, ContextTimeoutEnabled: true})
+	} else {
+		c = redis.NewClient(&redis.Options{Addr: addrs[0], MaxRetries: -1, ContextTimeoutEnabled: true})
+	}
+	closeClient := func() { _ = c.Close() } // a second Close reports ErrClosed, which is fine
+	t.Cleanup(closeClient)
+	b, err := redisbackend.New(c, redisbackend.WithPrefix(o.Prefix), redisbackend.WithClock(o.Clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, closeClient
+}
+
+func TestIntegration(t *testing.T) {
+	redistest.Run(t, redistest.Adapter{Connect: connect})
+}
+
+func TestNewErrors(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	for _, tc := range []struct {
+		name   string
+		client redis.UniversalClient
+		opts   []redisbackend.Option
+		want   string
+	}{
+		{"nil client", nil, nil, "client is nil"},
+		{"brace in prefix", c, []redisbackend.Option{redisbackend.WithPrefix("rl:{x}:")}, "prefix"},
+	} {
+		b, err := redisbackend.New(tc.client, tc.opts...)
+		if b != nil || !errors.Is(err, ratelimit.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New with %s: %v, %v; want ErrInvalidConfig naming %q", tc.name, b, err, tc.want)
+		}
+	}
+}
+
+// TestCheckRetriesIntegration: a client left with go-redis's default of 3
+// retries is reported, since a retried decision is charged twice.
+func TestCheckRetriesIntegration(t *testing.T) {
+	addr, _ := testkit.StandaloneAddr(t)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	b, err := redisbackend.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report, err := b.Check(context.Background())
+	if !errors.Is(err, redisbackend.ErrUnsafeServer) || len(report.Problems) != 1 || !strings.Contains(report.Problems[0], "MaxRetries: -1") {
+		t.Fatalf("Check with default retries: %+v, %v; want the retries reported", report, err)
+	}
+}

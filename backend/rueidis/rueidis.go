@@ -1,0 +1,150 @@
+// Package rueidisbackend keeps sluice's buckets in Redis through a rueidis
+// client the service already has, standalone, cluster or Sentinel.
+//
+// Each decision is one EVALSHA of a Lua script on one key, so it is atomic
+// however many processes share the bucket, and the server's clock decides.
+// rueidis pipelines concurrent commands on shared connections
+// automatically, so many goroutines deciding at once share round trips: at
+// high concurrency this backend does several times the decisions per
+// second of one that takes a pooled connection per call. The script is sent
+// with EVAL once whenever the server lacks it (after a restart, a failover
+// or SCRIPT FLUSH), and cached again.
+//
+// The script, the key layout and the stored state are those of
+// [github.com/sluicehq/sluice/backend/redis], so processes on either client
+// share buckets; see that package for the key layout.
+//
+// # Retries
+//
+// rueidis retries only commands marked read-only or retryable after a
+// network error; the script is neither, so a decision whose reply was lost
+// is never sent twice (and never charged twice). Such a call returns an
+// error: the tokens may or may not have been taken.
+//
+// # Errors
+//
+// Do returns errors wrapping [ratelimit.ErrTimeout] for a deadline or
+// network timeout and [ratelimit.ErrBackendUnavailable] for any other
+// failure of the client or the server; the rueidis error stays reachable
+// with errors.Is and errors.As.
+package rueidisbackend
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicehq/sluice/internal/redisscript"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// Backend is a [ratelimit.Backend] over a rueidis client. It is safe for
+// concurrent use, and holds nothing but the client: closing the client is
+// the caller's business.
+type Backend struct {
+	client rueidis.Client
+	prefix string
+	clock  ratelimit.Clock
+}
+
+var _ ratelimit.Backend = (*Backend)(nil)
+
+// DefaultPrefix is the key prefix unless [WithPrefix] sets one: none, so
+// that a bucket key is no longer than it must be.
+const DefaultPrefix = ""
+
+// Option configures a [Backend].
+type Option func(*Backend)
+
+// WithPrefix puts prefix before every bucket key, to keep sluice's keys
+// apart from others in the same database (and match ACL key patterns). It
+// must not contain '{' or '}'. Every byte of it is stored in every key.
+// Processes sharing buckets must use the same prefix.
+func WithPrefix(prefix string) Option {
+	return func(b *Backend) { b.prefix = prefix }
+}
+
+// WithClock makes the script decide on c's time instead of the server's.
+// It is for tests that step time by hand, such as
+// [github.com/sluicehq/sluice/ratelimit/ratelimittest]: in production
+// every replica must decide on one clock, the server's. The keys' TTLs
+// still count in the server's real time, so they are lengthened by a
+// minute; the expiry kept in each key decides. A nil c keeps the server's
+// clock.
+func WithClock(c ratelimit.Clock) Option {
+	return func(b *Backend) { b.clock = c }
+}
+
+// New returns a Backend that keeps buckets in Redis through client. It
+// returns an error wrapping [ratelimit.ErrInvalidConfig] for a nil client or
+// a bad option. It does not talk to the server; [Backend.Check] does.
+func New(client rueidis.Client, opts ...Option) (*Backend, error) {
+	b := &Backend{prefix: DefaultPrefix}
+	for _, opt := range opts {
+		opt(b)
+	}
+	if client == nil {
+		return nil, fmt.Errorf("%w: sluice/rueidis: the client is nil", ratelimit.ErrInvalidConfig)
+	}
+	if err := redisscript.CheckPrefix(b.prefix); err != nil {
+		return nil, err
+	}
+	b.client = client
+	return b, nil
+}
+
+var tokenBucket = rueidis.NewLuaScript(redisscript.TokenBucket)
+
+// Do applies req to the bucket at key in one script call; see
+// [ratelimit.Backend].
+func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
+	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
+		return ratelimit.Decision{}, err
+	}
+	now := int64(redisscript.ServerClock)
+	if b.clock != nil {
+		now = b.clock.Now().UnixMicro()
+	}
+	call := redisscript.NewCall(b.prefix, key, cfg, req, now)
+	reply, err := tokenBucket.Exec(ctx, b.client, []string{call.Key}, []string{call.Arg}).AsIntSlice()
+	if err != nil {
+		return ratelimit.Decision{}, redisscript.Error(err, fmt.Sprintf("sluice/rueidis: %v on key %q", req.Op, key))
+	}
+	return call.Decision(reply)
+}
+
+// Report is what [Backend.Check] found: each server's version and
+// maxmemory-policy, and every problem in words.
+type Report = redisscript.Report
+
+// Server is one server in a [Report].
+type Server = redisscript.Server
+
+// ErrUnsafeServer is wrapped by the error [Backend.Check] returns when a
+// setting can break the limits.
+var ErrUnsafeServer = redisscript.ErrUnsafeServer
+
+// Check asks every server the client reaches (each node of a cluster) for
+// its version and maxmemory-policy, and loads the script there. It returns
+// the [Report] and, if a server's maxmemory-policy is not noeviction (Redis
+// may then evict bucket keys under memory pressure, and an evicted bucket
+// starts full again), an error wrapping [ErrUnsafeServer].
+//
+// An error reaching a server wraps [ratelimit.ErrBackendUnavailable] or
+// [ratelimit.ErrTimeout]. Run Check at start-up and log or refuse the
+// problems; Do does not call it.
+func (b *Backend) Check(ctx context.Context) (Report, error) {
+	var servers []Server
+	for addr, c := range b.client.Nodes() {
+		info, err := c.Do(ctx, c.B().Info().Build()).ToString()
+		if err == nil {
+			err = c.Do(ctx, c.B().ScriptLoad().Script(redisscript.TokenBucket).Build()).Error()
+		}
+		if err != nil {
+			return Report{}, redisscript.Error(fmt.Errorf("%s: %w", addr, err), "sluice/rueidis: Check")
+		}
+		servers = append(servers, redisscript.ParseInfo(addr, info))
+	}
+	return redisscript.Assess(servers)
+}

@@ -1,0 +1,68 @@
+package redistest
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// testExact: 64 goroutines on two clients (so two connection pools, as two
+// processes would have) race for one bucket of 100 tokens that refills one
+// an hour: exactly 100 are admitted, each Remaining from 99 down to 0 seen
+// once.
+func testExact(t *testing.T, a Adapter, tops []topology) {
+	for _, top := range tops {
+		t.Run(top.name, func(t *testing.T) {
+			t.Parallel()
+			b1, _ := a.Connect(t, top.addrs, top.cluster, Options{})
+			b2, _ := a.Connect(t, top.addrs, top.cluster, Options{})
+			Exact(t, b1, b2)
+		})
+	}
+}
+
+// Exact races 64 goroutines, alternately on each backend given, for one
+// new bucket of capacity 100 that refills one token an hour, 10 calls each,
+// and wants exactly 100 admitted, with every Remaining from 99 to 0 once.
+func Exact(t *testing.T, backends ...ratelimit.Backend) {
+	t.Helper()
+	const goroutines, calls, capacity = 64, 10, 100
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(1).WithBurst(capacity)}}
+	key := uniqueKey(t, "exact")
+	var (
+		mu        sync.Mutex
+		remaining = map[int64]int{}
+		wg        sync.WaitGroup
+	)
+	for g := range goroutines {
+		l := ratelimit.New(backends[g%len(backends)])
+		wg.Go(func() {
+			for range calls {
+				d, err := l.Allow(context.Background(), key, cfg)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					mu.Lock()
+					remaining[d.Remaining]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	admitted := 0
+	for r, n := range remaining {
+		admitted += n
+		if n != 1 || r < 0 || r >= capacity {
+			t.Errorf("Remaining %d seen %d times", r, n)
+		}
+	}
+	if admitted != capacity {
+		t.Errorf("admitted %d of %d calls; want exactly %d", admitted, goroutines*calls, capacity)
+	}
+	t.Logf("%d goroutines on %d clients, %d calls: %d admitted", goroutines, len(backends), goroutines*calls, admitted)
+}

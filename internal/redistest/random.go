@@ -1,0 +1,103 @@
+package redistest
+
+import (
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// Advance moves the clock, in µs: mostly a little; with big, sometimes far
+// ahead and now and then back; always within 0 and 2^52.
+func Advance(r *rand.Rand, now int64, big bool) int64 {
+	switch k := r.IntN(10); {
+	case k < 4:
+		now += r.Int64N(60)
+	case k < 5:
+		now += r.Int64N(400)
+	case k < 6 && big:
+		now += r.Int64N(1 << 50)
+	case k < 7 && big:
+		now -= r.Int64N(1 << 30)
+	}
+	return min(max(now, 0), 1<<52-1)
+}
+
+// RandConfig returns a valid config of 1 to 3 bandwidths of every kind:
+// small numbers that refill within a few steps, or (big) numbers near the
+// limits of the accepted range, where Lua's doubles would first go wrong.
+func RandConfig(r *rand.Rand, big bool) ratelimit.Config {
+	for {
+		var cfg ratelimit.Config
+		ids := []string{"", "", "a", "b", "c"}
+		for range 1 + r.IntN(3) {
+			id := ids[r.IntN(len(ids))]
+			for _, b := range cfg.Bandwidths {
+				if b.ID == id {
+					id = ""
+				}
+			}
+			b := ratelimit.Bandwidth{ID: id, Refill: ratelimit.RefillKind(r.IntN(3))}
+			period := 1 + r.Int64N(40)
+			b.Capacity = 1 + r.Int64N(8)
+			if big {
+				period = 1 + r.Int64N(int64(ratelimit.MaxRefillPeriod/time.Microsecond))
+				b.Capacity = 1 + r.Int64N(ratelimit.MaxCapacity)>>r.IntN(50)
+			}
+			b.RefillPeriod = time.Duration(period) * time.Microsecond
+			b.RefillTokens = 1 + r.Int64N(period)>>r.IntN(40)
+			if b.Refill == ratelimit.IntervalAligned {
+				b.AlignedStart = time.UnixMicro(r.Int64N(1 << 51))
+			}
+			if r.IntN(3) == 0 {
+				b = b.WithInitialTokens(r.Int64N(b.Capacity + 1))
+			}
+			cfg.Bandwidths = append(cfg.Bandwidths, b)
+		}
+		if cfg.Validate() == nil {
+			return cfg
+		}
+	}
+}
+
+// RandRequest returns a valid request for cfg, mostly ones that take.
+func RandRequest(r *rand.Rand, cfg ratelimit.Config) ratelimit.Request {
+	limit := int64(ratelimit.MaxCapacity)
+	for _, b := range cfg.Bandwidths {
+		limit = min(limit, b.Capacity)
+	}
+	req := ratelimit.Request{Tokens: 1 + r.Int64N(limit)>>r.IntN(50), Strategy: ratelimit.Inheritance(r.IntN(4))}
+	switch k := r.IntN(20); {
+	case k < 6:
+		req.Op = ratelimit.Consume
+	case k < 8:
+		req.Op = ratelimit.Estimate
+	case k < 11:
+		req.Op = ratelimit.Reserve
+		req.MaxWait = time.Duration(r.Int64N(200)) * time.Microsecond
+		switch r.IntN(6) {
+		case 0:
+			req.MaxWait = time.Duration(math.MaxInt64)
+		case 1:
+			req.MaxWait = time.Duration(r.Int64N(math.MaxInt64))
+		}
+	case k < 13:
+		req.Op = ratelimit.ConsumeUpTo
+		if r.IntN(4) == 0 {
+			req.Tokens = math.MaxInt64
+		}
+	case k < 15:
+		req.Op = ratelimit.Add
+		if r.IntN(4) == 0 {
+			req.Tokens = math.MaxInt64 - r.Int64N(3)
+		}
+	case k < 16:
+		req.Op = ratelimit.Reset
+	case k < 17:
+		req.Op = ratelimit.Replace
+	default:
+		req.Op = ratelimit.Inspect
+	}
+	return req
+}

@@ -1,0 +1,157 @@
+package testkit
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// readyTimeout bounds the wait for a new server's first answer;
+// redis-server without data to load answers within milliseconds, but CI
+// machines stall.
+const readyTimeout = 10 * time.Second
+
+// logTailLines is how much of a server's log failures show: redis-server
+// logs its reason to exit last.
+const logTailLines = 30
+
+// errPortInUse marks a launch that failed because another process took a
+// port between freePorts and redis-server's bind; a retry with new ports may
+// succeed.
+var errPortInUse = errors.New("port in use")
+
+// argv puts the defaults first so that the caller's args override them.
+func (r *Redis) argv() []string {
+	argv := []string{
+		"--port", strconv.Itoa(r.port),
+		"--bind", "127.0.0.1",
+		"--dir", r.dir,
+		"--save", "",
+		"--appendonly", "no",
+	}
+	if r.busPort != 0 {
+		argv = append(argv,
+			"--cluster-enabled", "yes",
+			"--cluster-port", strconv.Itoa(r.busPort),
+			"--cluster-config-file", filepath.Join(r.dir, "nodes.conf"),
+			// Short, so that tests of a killed or paused node see the
+			// cluster notice within seconds.
+			"--cluster-node-timeout", "2000",
+		)
+	}
+	return append(argv, r.args...)
+}
+
+func (r *Redis) logPath() string { return filepath.Join(r.dir, "redis.log") }
+
+// launch starts redis-server on r's ports and waits until it answers.
+// When it fails, the process is gone and the error carries the log.
+func (r *Redis) launch() error {
+	out, err := os.OpenFile(r.logPath(), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer out.Close() // the child has its own descriptor
+	info, err := out.Stat()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(r.bin, r.argv()...)
+	// Without --logfile redis-server logs to stdout; config errors go to
+	// stderr. Files rather than pipes, so no goroutines copy output.
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait() // the exit status is in cmd.ProcessState
+		close(exited)
+	}()
+	r.cmd, r.exited = cmd, exited
+
+	if err := r.waitReady(); err != nil {
+		r.kill()
+		tail := r.logTail(info.Size())
+		if strings.Contains(tail, "Address already in use") {
+			err = fmt.Errorf("%w: %w", errPortInUse, err)
+		}
+		return fmt.Errorf("%w; log:\n%s", err, tail)
+	}
+	return nil
+}
+
+// waitReady polls until the server answers, exits or runs out of time.
+func (r *Redis) waitReady() error {
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		err := probe(r.Addr(), r.cmd.Process.Pid)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no answer from %s within %v: %w", r.Addr(), readyTimeout, err)
+		}
+		select {
+		case <-r.exited:
+			return fmt.Errorf("redis-server on %s exited: %v", r.Addr(), r.cmd.ProcessState)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// probe checks that the server on addr is process pid and answers: after
+// redis-server fails to bind, the port may belong to another test's server,
+// which would answer a PING just as well. It does not use go-redis: a
+// go-redis pool remembers dial errors and redials from a goroutine that
+// outlives Close by up to a second, which goleak reports as a leak.
+func probe(addr string, pid int) error {
+	conn, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	// Short, so that waitReady soon notices when its process has exited
+	// while something else holds the port without answering.
+	if err := conn.SetDeadline(time.Now().Add(500 * time.Millisecond)); err != nil {
+		return err
+	}
+	// Redis takes a plain text line as an inline command.
+	if _, err := conn.Write([]byte("INFO server\r\n")); err != nil {
+		return err
+	}
+	replies := bufio.NewReader(conn)
+	for {
+		line, err := replies.ReadString('\n')
+		if err != nil {
+			return fmt.Errorf("INFO server on %s: %w", addr, err)
+		}
+		if strings.HasPrefix(line, "-") {
+			return fmt.Errorf("INFO server on %s: %s", addr, strings.TrimSpace(line))
+		}
+		if id, ok := strings.CutPrefix(line, "process_id:"); ok {
+			if id = strings.TrimSpace(id); id != strconv.Itoa(pid) {
+				return fmt.Errorf("%s is served by pid %s, not by redis-server pid %d", addr, id, pid)
+			}
+			return nil
+		}
+	}
+}
+
+// logTail returns the last lines the server logged after byte offset from.
+func (r *Redis) logTail(from int64) string {
+	b, err := os.ReadFile(r.logPath())
+	if err != nil {
+		return fmt.Sprintf("(cannot read log: %v)", err)
+	}
+	lines := strings.SplitAfter(string(b[min(from, int64(len(b))):]), "\n")
+	return strings.Join(lines[max(0, len(lines)-logTailLines):], "")
+}

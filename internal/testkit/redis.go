@@ -1,0 +1,198 @@
+// Package testkit starts throwaway redis-server processes for the tests of
+// sluice's Redis backends, so those tests are hermetic and may run in
+// parallel, each against servers of its own.
+//
+// [StartRedis] starts a standalone server and [StartCluster] a Redis Cluster
+// of three masters. Every server listens on a free 127.0.0.1 port, keeps its
+// files in t.TempDir(), persists nothing and is killed by t.Cleanup. A
+// [Redis] can also be paused, killed and restarted to inject faults.
+// [StandaloneAddr] lets a test run against an existing server instead.
+//
+// # Requirements
+//
+// redis-server 7.0 or later (for --cluster-port and CLUSTER ADDSLOTSRANGE)
+// must be on PATH; [RequireRedisServer] says what happens when it is not.
+//
+// # Concurrency
+//
+// A [Redis] or [Cluster] belongs to the test that started it and its methods
+// must not be called concurrently. Separate servers are independent.
+package testkit
+
+import (
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+)
+
+// envRedisAddr names the variable that points [StandaloneAddr] at an existing
+// server.
+const envRedisAddr = "SLUICE_REDIS_ADDR"
+
+// startAttempts bounds the retries with fresh ports: a port found free may be
+// taken by a parallel test before redis-server binds it.
+const startAttempts = 5
+
+// Redis is a redis-server process started by [StartRedis] or [StartCluster].
+type Redis struct {
+	bin     string
+	dir     string
+	args    []string // the caller's, reapplied by Restart
+	port    int
+	busPort int // cluster bus port; 0 for a standalone server
+
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has been reaped
+}
+
+// StartRedis starts a standalone redis-server on a free 127.0.0.1 port and
+// waits until it answers. It persists nothing (--save "" --appendonly
+// no) and keeps its working directory and log in t.TempDir(). args are
+// config options appended to the command line, so they override the
+// defaults, e.g. "--maxmemory-policy", "allkeys-lru".
+//
+// t.Cleanup kills the server and, if the test failed, logs the tail of the
+// server's log.
+func StartRedis(t testing.TB, args ...string) *Redis {
+	t.Helper()
+	return start(t, false, args)
+}
+
+// start launches a server, retrying with fresh ports while the ones it picked
+// turn out to be taken.
+func start(t testing.TB, cluster bool, args []string) *Redis {
+	t.Helper()
+	r := &Redis{bin: RequireRedisServer(t), dir: t.TempDir(), args: slices.Clone(args)}
+	nports := 1
+	if cluster {
+		nports = 2
+	}
+	for attempt := 1; ; attempt++ {
+		ports := freePorts(t, nports)
+		r.port = ports[0]
+		if cluster {
+			r.busPort = ports[1]
+		}
+		err := r.launch()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errPortInUse) || attempt == startAttempts {
+			t.Fatalf("testkit: start redis-server (attempt %d): %v", attempt, err)
+		}
+	}
+	t.Cleanup(func() {
+		r.kill()
+		if t.Failed() {
+			t.Logf("testkit: redis-server %s log tail:\n%s", r.Addr(), r.logTail(0))
+		}
+	})
+	return r
+}
+
+// freePorts returns n distinct ports that were free a moment ago. They are
+// held open until all n are picked, or the kernel could return one twice.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("testkit: find a free port: %v", err)
+		}
+		defer l.Close()
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return ports
+}
+
+// Addr returns the server's "127.0.0.1:port" address, which Restart keeps.
+func (r *Redis) Addr() string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port))
+}
+
+// Pause stops the process with SIGSTOP. Its sockets stay open, so clients
+// connect and send but never get a reply: the way a hung or partitioned
+// server looks to them.
+func (r *Redis) Pause(t testing.TB) {
+	t.Helper()
+	r.signal(t, syscall.SIGSTOP)
+}
+
+// Resume continues a paused process with SIGCONT; it then answers the
+// commands that queued up meanwhile.
+func (r *Redis) Resume(t testing.TB) {
+	t.Helper()
+	r.signal(t, syscall.SIGCONT)
+}
+
+func (r *Redis) signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	if err := r.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("testkit: send %v to redis-server %s: %v", sig, r.Addr(), err)
+	}
+}
+
+// Kill kills the process with SIGKILL and reaps it; Addr then refuses
+// connections. Killing a server that is not running does nothing.
+func (r *Redis) Kill(t testing.TB) {
+	t.Helper()
+	r.kill()
+}
+
+func (r *Redis) kill() {
+	// Kill fails only when the process is gone already, which is the goal.
+	_ = r.cmd.Process.Kill()
+	<-r.exited
+}
+
+// Restart kills the server if it is running and starts a new, empty one on
+// the same address with the same args, waiting until it answers.
+//
+// A restarted cluster node reads the nodes.conf its predecessor wrote, so it
+// keeps its node ID and slots and reconnects to its peers, but it has no
+// data, and Restart does not wait for the cluster to be ok again.
+func (r *Redis) Restart(t testing.TB) {
+	t.Helper()
+	r.kill()
+	if err := r.launch(); err != nil {
+		t.Fatalf("testkit: restart redis-server on %s: %v", r.Addr(), err)
+	}
+}
+
+// StandaloneAddr returns the address of a standalone server for the test.
+//
+// When $SLUICE_REDIS_ADDR is set, it returns that address with external
+// true: the server is shared with other tests and runs, so the caller must
+// use keys unique to the test and must not flush it. Otherwise it returns
+// the Addr of a fresh [StartRedis] with external false, and the caller may do
+// as it likes.
+func StandaloneAddr(t testing.TB) (addr string, external bool) {
+	t.Helper()
+	if addr := os.Getenv(envRedisAddr); addr != "" {
+		return addr, true
+	}
+	return StartRedis(t).Addr(), false
+}
+
+// RequireRedisServer returns the path of redis-server on PATH. Without one
+// it skips the test, unless $CI is set: CI must run the Redis backends'
+// tests, so there it fails the test instead.
+func RequireRedisServer(t testing.TB) string {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err == nil {
+		return path
+	}
+	const msg = "redis-server not found; .ci/run installs it (apt-get install redis-server redis-tools)"
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
