@@ -16,7 +16,8 @@ const ServerClock = -1
 
 // maxTokens bounds the token count sent to the script, where numbers are
 // doubles: ConsumeUpTo and Add accept any positive count, but neither can
-// use more than 2^52 tokens, so clamping there changes no decision.
+// use more than 2^52 tokens, so clamping there changes no decision. It
+// bounds every number in a well-formed reply, too.
 const maxTokens = 1 << 53
 
 // Call is one decision's script invocation: the key and the packed request.
@@ -86,8 +87,8 @@ func (c Call) Decision(reply []int64) (ratelimit.Decision, error) {
 	}
 	allowed, consumed, limit, remaining, retry, reset, binding := reply[0], reply[1], reply[2], reply[3], reply[4], reply[5], reply[6]
 	name := c.cfg.BandwidthName(int(binding))
-	if allowed < 0 || allowed > 1 || consumed < 0 || limit < 1 || remaining < 0 || remaining > limit ||
-		retry < 0 || reset < 0 || binding < 0 || name == "" {
+	if allowed < 0 || allowed > 1 || consumed < 0 || consumed > maxTokens || limit < 1 || limit > ratelimit.MaxCapacity ||
+		remaining < 0 || remaining > limit || retry < 0 || retry > maxTokens || reset < 0 || reset > maxTokens || name == "" {
 		return ratelimit.Decision{}, c.badReply(reply)
 	}
 	return ratelimit.Decision{

@@ -170,3 +170,48 @@ func ceilDiv(a, b int64) int64 {
 	}
 	return q
 }
+
+// TestScriptGarbageState stores random bytes, after the format byte, where
+// a bucket lives: the script must call them corrupt or read them as a
+// state, never fail inside Lua, and what it writes back must decode.
+func TestScriptGarbageState(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(10), ratelimit.PerHour(100).WithID("hourly")}}
+	r := rand.New(rand.NewPCG(1, 2))
+	corrupt, read := 0, 0
+	for i := range 3000 {
+		v := make([]byte, 1+r.IntN(40))
+		for j := range v {
+			v[j] = byte(r.IntN(256))
+			if r.IntN(3) == 0 {
+				v[j] &= 0x7f // short varints, so that more values parse
+			}
+		}
+		v[0] = 1
+		key := fmt.Sprintf("garbage:%d", i)
+		call := redisscript.NewCall("", key, cfg, ratelimit.Request{Tokens: 1, Strategy: ratelimit.Inheritance(i % 4)}, 1_700_000_000_000_000)
+		c.Set(ctx, call.Key, v, 0)
+		reply, err := script.Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+		if err != nil {
+			if !strings.Contains(err.Error(), "sluice: corrupt state") {
+				t.Fatalf("value %x: %v; want a corrupt-state error or a decision", v, err)
+			}
+			corrupt++
+			continue
+		}
+		if _, err := call.Decision(reply); err != nil {
+			t.Fatalf("value %x: %v", v, err)
+		}
+		if stored, err := c.Get(ctx, call.Key).Bytes(); err == nil {
+			if _, err := decodeState(stored); err != nil {
+				t.Fatalf("value %x: wrote back %x: %v", v, stored, err)
+			}
+		}
+		read++
+	}
+	t.Logf("3000 random values: %d called corrupt, %d read as a state", corrupt, read)
+	if read == 0 || corrupt == 0 {
+		t.Errorf("want both outcomes among 3000 random values")
+	}
+}
