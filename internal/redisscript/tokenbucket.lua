@@ -18,9 +18,11 @@
 --   d initial tokens, d aligned start (µs), B ID length, c ID.
 --
 -- The stored value (the tests decode it in state_test.go) is
---   B format (1), c8 fingerprint, varint expiry (µs), then per bandwidth:
---   varint capacity, varint scale, zigzag varint level,
---   zigzag varint (expiry - stamp), B ID length, c ID.
+--   B FORMAT + bandwidth count - 1, c8 fingerprint, I7 expiry (µs), then a
+--   byte per bandwidth giving the widths of its fields (high nibble: of
+--   capacity and scale; low nibble: of level and stamp), then per
+--   bandwidth: In capacity, In scale, in level, in (expiry - stamp), with n
+--   from 1 to 7 bytes as its width byte says, B ID length, c ID.
 --
 -- The reply is {allowed, consumed, limit, remaining, retry after (µs),
 -- reset after (µs), binding bandwidth index (0-based)}.
@@ -28,14 +30,19 @@
 local GREEDY, ALIGNED = 0, 2
 local CONSUME, ESTIMATE, RESERVE, CONSUME_UP_TO, ADD, RESET, REPLACE, INSPECT = 0, 1, 2, 3, 4, 5, 6, 7
 local RESET_TOKENS, PROPORTIONALLY, ADDITIVE = 1, 2, 3
-local FORMAT = 1
+local FORMAT = 16 -- the first byte of a state is FORMAT + bandwidths - 1
 local MAX_SCALED = 2 ^ 51
 local MAX_HORIZON = 2 ^ 51
 local SATURATED = 2 ^ 53
 local GRACE = 60000 -- ms a key outlives its expiry on a caller's clock
 
+-- Redis charges every table and string a script allocates with an
+-- allocator call and its memory accounting, and every table costs a few
+-- thousand instructions, more than the math. So the script keeps its data
+-- in a handful of flat arrays indexed by bandwidth, and passes numbers.
+
 local floor, min, max = math.floor, math.min, math.max
-local byte, char, sub = string.byte, string.char, string.sub
+local byte, char, sub, rep = string.byte, string.char, string.sub, string.rep
 
 -- fdiv is floor(a/b) for b > 0. With |a| and b integers below 2^53 the
 -- rounded quotient never crosses an integer: a quotient that is not whole
@@ -47,294 +54,284 @@ end
 
 -- cdiv is ceil(a/b) for b > 0.
 local function cdiv(a, b)
-  return -fdiv(-a, b)
+  return -floor(-a / b)
 end
 
--- mulDivFloor is floor(a*b/c) for 1 <= b, c <= 2^50 and |a| <= 2^52, exact,
--- saturating at ±2^53 where the result passes 2^52 (every caller clamps it
--- to less than that).
-local function mulDivFloor(a, b, c)
-  local neg = a < 0
-  if neg then
-    a = -a
-  end
-  local whole = fdiv(a, c)
-  if whole > 0 and whole > fdiv(2 ^ 52, b) then
-    return neg and -SATURATED or SATURATED
-  end
-  -- a*b = whole*b*c + part*b; part*b/c by binary long multiplication,
-  -- keeping the remainder below c so that nothing passes 2^52.
-  local part = a - whole * c
-  local q, r = 0, 0
-  for k = 51, 0, -1 do
-    local bit = floor(b / 2 ^ k) % 2
-    q, r = q * 2, r * 2
-    if r >= c then
-      q, r = q + 1, r - c
-    end
-    if bit == 1 then
-      r = r + part
-      if r >= c then
-        q, r = q + 1, r - c
-      end
-    end
-  end
-  q = q + whole * b
-  if neg then
-    if r > 0 then
-      q = q + 1
-    end
-    return -q
-  end
-  return q
-end
+-- The request: one unpack. cfg holds the header, then 8 fields per
+-- bandwidth; bandwidth i's field F is cfg[8 * i + F].
+local arg = ARGV[1]
+local count = byte(arg, 35)
+local cfg = {struct.unpack('<c8BddBdB' .. rep('BddddddBc0', count), arg)}
+local fp, op, tokens, maxWait, strategy, now = cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6]
+local KIND, CAP, SCALE, RATE, PERIOD, INITIAL, START, ID = 0, 1, 2, 3, 4, 5, 6, 7
 
--- The request.
-
-local fp, op, tokens, maxWait, strategy, now, count, pos = struct.unpack('<c8BddBdB', ARGV[1])
 local clockGiven = now >= 0
 if not clockGiven then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local cfg = {}
-for i = 1, count do
-  local b = {}
-  b.kind, b.cap, b.scale, b.rate, b.period, b.initial, b.start, b.id, pos =
-    struct.unpack('<BddddddBc0', ARGV[1], pos)
-  b.full = b.cap * b.scale
-  cfg[i] = b
+
+-- full is bandwidth i's capacity in scaled units.
+local function full(i)
+  return cfg[8 * i + CAP] * cfg[8 * i + SCALE]
 end
 
--- The stored state.
-
--- decodeState returns the state in v, or nil if v is not a well-formed
--- state.
-local function decodeState(v)
-  local n, at = #v, 10
-  local function varint()
-    local x, mul = 0, 1
-    repeat
-      local c = byte(v, at)
-      if c == nil or mul > 2 ^ 49 then
-        return nil
-      end
-      at = at + 1
-      x = x + (c % 128) * mul
-      mul = mul * 128
-    until c < 128
-    return x
-  end
-  local function zigzag()
-    local x = varint()
-    if x == nil or x % 2 == 0 then
-      return x and x / 2
-    end
-    return -(x + 1) / 2
-  end
-  local s = {fp = sub(v, 2, 9), bands = {}}
-  s.exp = varint()
-  if n < 9 or s.exp == nil then
-    return nil
-  end
-  while at <= n and #s.bands < 16 do
-    local b = {}
-    b.cap = varint()
-    b.scale = varint()
-    b.level = zigzag()
-    local back = zigzag()
-    local idlen = byte(v, at)
-    if b.cap == nil or b.cap < 1 or b.scale == nil or b.scale < 1 or b.level == nil or back == nil or idlen == nil then
-      return nil
-    end
-    b.stamp = s.exp - back
-    b.id = sub(v, at + 1, at + idlen)
-    at = at + 1 + idlen
-    s.bands[#s.bands + 1] = b
-  end
-  if at ~= n + 1 then
-    return nil
-  end
-  return s
-end
-
-local function encodeState(exp, bands)
-  local out = {}
-  local function varint(x)
-    while x >= 128 do
-      local low = x % 128
-      out[#out + 1] = char(low + 128)
-      x = (x - low) / 128
-    end
-    out[#out + 1] = char(x)
-  end
-  local function zigzag(x)
-    if x >= 0 then
-      varint(2 * x)
-    else
-      varint(-2 * x - 1)
-    end
-  end
-  out[1] = char(FORMAT)
-  out[2] = fp
-  varint(exp)
-  for i = 1, #bands do
-    local b = bands[i]
-    varint(b.cap)
-    varint(b.scale)
-    zigzag(b.level)
-    zigzag(exp - b.stamp)
-    out[#out + 1] = char(#b.id)
-    out[#out + 1] = b.id
-  end
-  return table.concat(out)
-end
-
--- The math, as in ratelimit/tokenbucket.go.
-
-local function periodStart(b, t)
-  if b.kind ~= ALIGNED then
+local function periodStart(i, t)
+  local c = 8 * i
+  if cfg[c + KIND] ~= ALIGNED then
     return t
   end
-  return b.start + fdiv(t - b.start, b.period) * b.period
+  local start, period = cfg[c + START], cfg[c + PERIOD]
+  return start + fdiv(t - start, period) * period
 end
 
-local function fresh(b)
-  return {id = b.id, cap = b.cap, scale = b.scale, level = b.initial * b.scale, stamp = periodStart(b, now)}
-end
-
-local function minLevel(b)
-  if b.kind ~= GREEDY then
-    return max(-MAX_SCALED, b.full - fdiv(MAX_HORIZON, b.period) * b.rate)
-  end
-  local debt = MAX_HORIZON * b.rate
-  if debt >= b.full + MAX_SCALED then
-    return -MAX_SCALED
-  end
-  return b.full - debt
-end
-
-local function match(old, id, i)
-  if id == '' then
-    if old[i] and old[i].id == '' then
-      return old[i]
-    end
-    return nil
-  end
-  for j = 1, #old do
-    if old[j].id == id then
-      return old[j]
-    end
-  end
-  return nil
-end
-
-local function inherit(t, oldCap, newCap)
-  if strategy == PROPORTIONALLY then
-    return mulDivFloor(t, newCap, oldCap)
-  elseif strategy == ADDITIVE then
-    return min(t, newCap) + max(0, newCap - oldCap)
-  end
-  return min(t, newCap)
-end
-
-local function convert(old)
-  local bands = {}
-  for i = 1, count do
-    local b = cfg[i]
-    local nb = fresh(b)
-    local o = match(old, b.id, i)
-    if strategy ~= RESET_TOKENS and o then
-      local t = inherit(fdiv(o.level, o.scale), o.cap, b.cap)
-      nb.level = max(t, cdiv(minLevel(b), b.scale)) * b.scale
-      nb.stamp = periodStart(b, o.stamp)
-    end
-    bands[i] = nb
-  end
-  return bands
-end
-
-local function refill(b, s)
-  local elapsed = now - s.stamp
-  if elapsed <= 0 then
-    return
-  end
-  if s.level >= b.full then
-    s.stamp = periodStart(b, now)
-    return
-  end
-  if b.kind == GREEDY then
-    if elapsed * b.rate >= b.full - s.level then
-      s.level = b.full
-    else
-      s.level = s.level + elapsed * b.rate
-    end
-    s.stamp = now
-    return
-  end
-  local periods = fdiv(elapsed, b.period)
-  if periods == 0 then
-    return
-  end
-  if periods >= cdiv(b.full - s.level, b.rate) then
-    s.level, s.stamp = b.full, periodStart(b, now)
-    return
-  end
-  s.level = s.level + periods * b.rate
-  s.stamp = s.stamp + periods * b.period
-end
-
-local function timeTo(b, s, level)
-  local short = level - s.level
+-- timeTo is the µs from now until bandwidth i, at level and stamp, holds
+-- target scaled units.
+local function timeTo(i, level, stamp, target)
+  local short = target - level
   if short <= 0 then
     return 0
   end
-  if b.kind == GREEDY then
-    return cdiv(short, b.rate) + max(0, s.stamp - now)
+  local c = 8 * i
+  if cfg[c + KIND] == GREEDY then
+    return cdiv(short, cfg[c + RATE]) + max(0, stamp - now)
   end
-  return s.stamp + cdiv(short, b.rate) * b.period - now
+  return stamp + cdiv(short, cfg[c + RATE]) * cfg[c + PERIOD] - now
 end
 
-local function remaining(s)
-  if s.level <= 0 then
-    return 0
+-- minLevel is the lowest level reservations may take bandwidth i to.
+local function minLevel(i)
+  local c = 8 * i
+  local f = full(i)
+  if cfg[c + KIND] ~= GREEDY then
+    return max(-MAX_SCALED, f - fdiv(MAX_HORIZON, cfg[c + PERIOD]) * cfg[c + RATE])
   end
-  return fdiv(s.level, s.scale)
+  local debt = MAX_HORIZON * cfg[c + RATE]
+  if debt >= f + MAX_SCALED then
+    return -MAX_SCALED
+  end
+  return f - debt
 end
 
--- Apply.
+-- The stored state. old holds, from old[3], 5 fields per bandwidth:
+-- bandwidth j's field F is old[5 * j + F].
+
+local OLD_CAP, OLD_SCALE, OLD_LEVEL, OLD_BACK, OLD_ID = -2, -1, 0, 1, 2
+
+-- struct's formats for unsigned and signed integers of 1 to 7 bytes;
+-- unsigned(w) and signed(w) cut them out of one constant: building them from
+-- numbers would format each number with sprintf.
+local INTS = 'I1I2I3I4I5I6I7i1i2i3i4i5i6i7'
+local function unsigned(w)
+  return sub(INTS, 2 * w - 1, 2 * w)
+end
+local function signed(w)
+  return sub(INTS, 2 * w + 13, 2 * w + 14)
+end
+
+-- decodeState returns the bandwidth count, fingerprint, expiry and fields
+-- of the state in v, or nothing if v is not a well-formed state.
+local function decodeState(v)
+  local n = byte(v, 1) - FORMAT + 1
+  -- From the expiry on: skip the width bytes, then each bandwidth.
+  local format = '<I7' .. rep('x', n)
+  for j = 1, n do
+    local w = byte(v, 16 + j) or 0
+    local wu, ws = floor(w / 16), w % 16
+    if wu < 1 or wu > 7 or ws < 1 or ws > 7 then
+      return
+    end
+    format = format .. unsigned(wu) .. unsigned(wu) .. signed(ws) .. signed(ws) .. 'Bc0'
+  end
+  local old = {pcall(struct.unpack, format, v, 10)}
+  if not old[1] or old[#old] ~= #v + 1 then
+    return
+  end
+  for j = 1, n do
+    local cap, scale, level = old[5 * j + OLD_CAP], old[5 * j + OLD_SCALE], old[5 * j + OLD_LEVEL]
+    if cap < 1 or cap > 2 ^ 50 or scale < 1 or cap * scale > MAX_SCALED or level < -MAX_SCALED or level > cap * scale then
+      return
+    end
+  end
+  return n, sub(v, 2, 9), old[2], old
+end
+
+-- width is the fewest bytes (1 to 7) that hold x, unsigned or (signed) in
+-- two's complement.
+local function width(x, signed)
+  local limit = 256
+  if signed then
+    limit = 128
+    if x < 0 then
+      x = -x - 1
+    end
+  end
+  local w = 1
+  while x >= limit do
+    w, limit = w + 1, limit * 256
+  end
+  return w
+end
+
+-- encodeState packs the state of cfg's bandwidths, at level and stamp, to
+-- expire at exp.
+local function encodeState(level, stamp, exp)
+  local format = '<c1c8I7' .. rep('B', count)
+  -- Sized for one bandwidth; more grow it.
+  local fields = {char(FORMAT + count - 1), fp, exp, 0, 0, 0, 0, 0, 0, 0}
+  for i = 1, count do
+    local c = 8 * i
+    local back = exp - stamp[i]
+    local wu = width(max(cfg[c + CAP], cfg[c + SCALE]), false)
+    local ws = max(width(level[i], true), width(back, true))
+    fields[3 + i] = 16 * wu + ws
+    format = format .. unsigned(wu) .. unsigned(wu) .. signed(ws) .. signed(ws) .. 'Bc0'
+    local at = 3 + count + 6 * (i - 1)
+    fields[at + 1], fields[at + 2], fields[at + 3], fields[at + 4], fields[at + 5], fields[at + 6] =
+      cfg[c + CAP], cfg[c + SCALE], level[i], back, #cfg[c + ID], cfg[c + ID]
+  end
+  return struct.pack(format, unpack(fields, 1, 3 + 7 * count))
+end
+
+-- Apply, as in ratelimit/tokenbucket.go.
 
 local raw = redis.call('GET', KEYS[1])
-local state
+local n, oldFp, exp, old
 if raw then
-  if byte(raw, 1) ~= FORMAT then
+  local head = byte(raw, 1)
+  if head < FORMAT or head >= FORMAT + 16 then
     return redis.error_reply('sluice: key ' .. KEYS[1] .. ' holds a value sluice did not write')
   end
-  state = decodeState(raw)
-  if state == nil then
+  n, oldFp, exp, old = decodeState(raw)
+  if n == nil then
     return redis.error_reply('sluice: corrupt state at key ' .. KEYS[1])
   end
 end
 
-local bands
-if state == nil or op == RESET or now >= state.exp then
-  bands = {}
+-- level[i] and stamp[i] are bandwidth i's state, built for cfg.
+local level, stamp = {}, {}
+if not raw or op == RESET or now >= exp then
   for i = 1, count do
-    bands[i] = fresh(cfg[i])
+    level[i], stamp[i] = cfg[8 * i + INITIAL] * cfg[8 * i + SCALE], periodStart(i, now)
   end
-elseif op == REPLACE or state.fp ~= fp or #state.bands ~= count then
-  bands = convert(state.bands)
+elseif op == REPLACE or oldFp ~= fp or n ~= count then
+  -- A config change: the functions it needs are made only here.
+
+  -- mulDivFloor is floor(a*b/c) for 1 <= b, c <= 2^50 and |a| <= 2^52,
+  -- exact, saturating at ±2^53 where the result passes 2^52 (the caller
+  -- clamps it to less than that).
+  local function mulDivFloor(a, b, c)
+    local neg = a < 0
+    if neg then
+      a = -a
+    end
+    local whole = fdiv(a, c)
+    if whole > 0 and whole > fdiv(2 ^ 52, b) then
+      return neg and -SATURATED or SATURATED
+    end
+    -- a*b = whole*b*c + part*b; part*b/c by binary long multiplication,
+    -- keeping the remainder below c so that nothing passes 2^52.
+    local part = a - whole * c
+    local q, r = 0, 0
+    for k = 51, 0, -1 do
+      q, r = q * 2, r * 2
+      if r >= c then
+        q, r = q + 1, r - c
+      end
+      if floor(b / 2 ^ k) % 2 == 1 then
+        r = r + part
+        if r >= c then
+          q, r = q + 1, r - c
+        end
+      end
+    end
+    q = q + whole * b
+    if neg then
+      if r > 0 then
+        q = q + 1
+      end
+      return -q
+    end
+    return q
+  end
+
+  -- match finds the old bandwidth that bandwidth i inherits from: the one
+  -- with its ID, or with no ID at its position.
+  local function match(i)
+    local id = cfg[8 * i + ID]
+    if id == '' then
+      if old[5 * i + OLD_ID] == '' then
+        return i
+      end
+      return nil
+    end
+    for j = 1, n do
+      if old[5 * j + OLD_ID] == id then
+        return j
+      end
+    end
+    return nil
+  end
+
+  for i = 1, count do
+    local c = 8 * i
+    local scale = cfg[c + SCALE]
+    level[i], stamp[i] = cfg[c + INITIAL] * scale, periodStart(i, now)
+    local j = match(i)
+    if strategy ~= RESET_TOKENS and j then
+      local o = 5 * j
+      local t = fdiv(old[o + OLD_LEVEL], old[o + OLD_SCALE])
+      local oldCap, newCap = old[o + OLD_CAP], cfg[c + CAP]
+      if strategy == PROPORTIONALLY then
+        t = mulDivFloor(t, newCap, oldCap)
+      elseif strategy == ADDITIVE then
+        t = min(t, newCap) + max(0, newCap - oldCap)
+      else
+        t = min(t, newCap)
+      end
+      level[i] = max(t, cdiv(minLevel(i), scale)) * scale
+      stamp[i] = periodStart(i, exp - old[o + OLD_BACK])
+    end
+  end
 else
-  bands = state.bands
-end
-for i = 1, count do
-  refill(cfg[i], bands[i])
+  for i = 1, count do
+    level[i], stamp[i] = old[5 * i + OLD_LEVEL], exp - old[5 * i + OLD_BACK]
+  end
 end
 
-local function waitFor(n)
+-- Refill.
+for i = 1, count do
+  local c = 8 * i
+  local f = full(i)
+  local elapsed = now - stamp[i]
+  if elapsed > 0 then
+    if level[i] >= f then
+      stamp[i] = periodStart(i, now)
+    elseif cfg[c + KIND] == GREEDY then
+      if elapsed * cfg[c + RATE] >= f - level[i] then
+        level[i] = f
+      else
+        level[i] = level[i] + elapsed * cfg[c + RATE]
+      end
+      stamp[i] = now
+    else
+      local periods = fdiv(elapsed, cfg[c + PERIOD])
+      if periods >= cdiv(f - level[i], cfg[c + RATE]) then
+        level[i], stamp[i] = f, periodStart(i, now)
+      elseif periods > 0 then
+        level[i] = level[i] + periods * cfg[c + RATE]
+        stamp[i] = stamp[i] + periods * cfg[c + PERIOD]
+      end
+    end
+  end
+end
+
+-- waitFor is the µs until every bandwidth holds t tokens, and the
+-- bandwidth that takes longest.
+local function waitFor(t)
   local wait, slowest = 0, 1
   for i = 1, count do
-    local w = timeTo(cfg[i], bands[i], n * cfg[i].scale)
+    local w = timeTo(i, level[i], stamp[i], t * cfg[8 * i + SCALE])
     if w > wait then
       wait, slowest = w, i
     end
@@ -342,56 +339,61 @@ local function waitFor(n)
   return wait, slowest
 end
 
-local function canReserve(n, wait)
-  if wait > maxWait then
-    return false
-  end
+local function take(t)
   for i = 1, count do
-    if bands[i].level - n * cfg[i].scale < minLevel(cfg[i]) then
-      return false
-    end
+    level[i] = level[i] - t * cfg[8 * i + SCALE]
   end
-  return true
 end
 
-local function take(n)
-  for i = 1, count do
-    bands[i].level = bands[i].level - n * cfg[i].scale
+local function remaining(i)
+  if level[i] <= 0 then
+    return 0
   end
+  return fdiv(level[i], cfg[8 * i + SCALE])
 end
 
 local allowed, consumed, retry, binding = 1, 0, 0, 0
 if op == CONSUME or op == ESTIMATE or op == RESERVE or op == INSPECT then
-  local n = tokens
+  local t = tokens
   if op == INSPECT then
-    n = 1
+    t = 1
   end
-  local wait, slowest = waitFor(n)
-  if (op == CONSUME and wait == 0) or (op == RESERVE and canReserve(n, wait)) then
-    take(n)
-    consumed, retry = n, wait
+  local wait, slowest = waitFor(t)
+  local take_ = op == CONSUME and wait == 0
+  if op == RESERVE and wait <= maxWait then
+    -- Reserve takes on credit down to each bandwidth's debt limit.
+    take_ = true
+    for i = 1, count do
+      if level[i] - t * cfg[8 * i + SCALE] < minLevel(i) then
+        take_ = false
+      end
+    end
+  end
+  if take_ then
+    take(t)
+    consumed, retry = t, wait
   elseif wait > 0 then
     allowed, retry, binding = 0, wait, slowest
   end
 elseif op == CONSUME_UP_TO then
   local available = SATURATED
   for i = 1, count do
-    available = min(available, remaining(bands[i]))
+    available = min(available, remaining(i))
   end
-  local n = min(tokens, available)
-  if n > 0 then
-    take(n)
-    consumed = n
+  local t = min(tokens, available)
+  if t > 0 then
+    take(t)
+    consumed = t
   else
     local wait, slowest = waitFor(1)
     allowed, retry, binding = 0, wait, slowest
   end
 elseif op == ADD then
   for i = 1, count do
-    local b, s = cfg[i], bands[i]
-    s.level = min(b.full, s.level + min(tokens, cdiv(b.full - s.level, b.scale)) * b.scale)
-    if s.level == b.full and now > s.stamp then
-      s.stamp = periodStart(b, now)
+    local f, scale = full(i), cfg[8 * i + SCALE]
+    level[i] = min(f, level[i] + min(tokens, cdiv(f - level[i], scale)) * scale)
+    if level[i] == f and now > stamp[i] then
+      stamp[i] = periodStart(i, now)
     end
   end
 end
@@ -400,33 +402,32 @@ end
 -- a denial named one), the time to full, and the expiry.
 local resetAfter, least = 0, SATURATED
 for i = 1, count do
-  local b, s = cfg[i], bands[i]
-  local r = remaining(s)
+  local r = remaining(i)
   if allowed == 1 and r < least then
     least, binding = r, i
   end
-  resetAfter = max(resetAfter, timeTo(b, s, b.full))
+  resetAfter = max(resetAfter, timeTo(i, level[i], stamp[i], full(i)))
 end
 local warmup = 0
 for i = 1, count do
-  local b = cfg[i]
-  if b.initial ~= b.cap then
-    warmup = max(warmup, timeTo(b, {level = b.initial * b.scale, stamp = periodStart(b, now)}, b.full))
+  local c = 8 * i
+  if cfg[c + INITIAL] ~= cfg[c + CAP] then
+    warmup = max(warmup, timeTo(i, cfg[c + INITIAL] * cfg[c + SCALE], periodStart(i, now), full(i)))
   end
 end
+
 -- The key lives until the state equals a new bucket's, plus a millisecond
 -- for the server's own clock, which may have read a little earlier than
 -- TIME. A caller's clock need not keep pace with the server's, so with one
 -- the key lives a minute longer; the expiry in the state still decides.
-local exp = now + resetAfter + warmup
+exp = now + resetAfter + warmup
 if exp > now then
   local ttl = cdiv(exp - now, 1000) + 1
   if clockGiven then
     ttl = ttl + GRACE
   end
-  redis.call('SET', KEYS[1], encodeState(exp, bands), 'PX', ttl)
+  redis.call('SET', KEYS[1], encodeState(level, stamp, exp), 'PX', ttl)
 else
   redis.call('DEL', KEYS[1])
 end
-local bb = bands[binding]
-return {allowed, consumed, cfg[binding].cap, remaining(bb), retry, resetAfter, binding - 1}
+return {allowed, consumed, cfg[8 * binding + CAP], remaining(binding), retry, resetAfter, binding - 1}
