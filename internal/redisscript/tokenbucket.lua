@@ -20,9 +20,10 @@
 -- The stored value (the tests decode it in state_test.go) is
 --   B FORMAT + bandwidth count - 1, c8 fingerprint, I7 expiry (µs), then a
 --   byte per bandwidth giving the widths of its fields (high nibble: of
---   capacity and scale; low nibble: of level and stamp), then per
---   bandwidth: In capacity, In scale, in level, in (expiry - stamp), with n
---   from 1 to 7 bytes as its width byte says, B ID length, c ID.
+--   capacity and tokens; low nibble: of fraction and stamp), then per
+--   bandwidth: In capacity, in whole tokens (floor(level / scale)), In
+--   fraction (the rest of the level, in scaled units), in (expiry - stamp),
+--   with n from 1 to 7 bytes as its width byte says, B ID length, c ID.
 --
 -- The reply is {allowed, consumed, limit, remaining, retry after (µs),
 -- reset after (µs), binding bandwidth index (0-based)}.
@@ -113,10 +114,12 @@ local function minLevel(i)
   return f - debt
 end
 
--- The stored state. old holds, from old[3], 5 fields per bandwidth:
--- bandwidth j's field F is old[5 * j + F].
+-- The stored state keeps a bandwidth's level as whole tokens and the
+-- scaled units left over, which is what a config change carries over and
+-- takes fewer bytes than the level and the scale. old holds, from old[3], 5
+-- fields per bandwidth: bandwidth j's field F is old[5 * j + F].
 
-local OLD_CAP, OLD_SCALE, OLD_LEVEL, OLD_BACK, OLD_ID = -2, -1, 0, 1, 2
+local OLD_CAP, OLD_TOKENS, OLD_FRACTION, OLD_BACK, OLD_ID = -2, -1, 0, 1, 2
 
 -- struct's formats for unsigned and signed integers of 1 to 7 bytes;
 -- unsigned(w) and signed(w) cut them out of one constant: building them from
@@ -137,19 +140,19 @@ local function decodeState(v)
   local format = '<I7' .. rep('x', n)
   for j = 1, n do
     local w = byte(v, 16 + j) or 0
-    local wu, ws = floor(w / 16), w % 16
-    if wu < 1 or wu > 7 or ws < 1 or ws > 7 then
+    local wt, wf = floor(w / 16), w % 16
+    if wt < 1 or wt > 7 or wf < 1 or wf > 7 then
       return
     end
-    format = format .. unsigned(wu) .. unsigned(wu) .. signed(ws) .. signed(ws) .. 'Bc0'
+    format = format .. unsigned(wt) .. signed(wt) .. unsigned(wf) .. signed(wf) .. 'Bc0'
   end
   local old = {pcall(struct.unpack, format, v, 10)}
   if not old[1] or old[#old] ~= #v + 1 then
     return
   end
   for j = 1, n do
-    local cap, scale, level = old[5 * j + OLD_CAP], old[5 * j + OLD_SCALE], old[5 * j + OLD_LEVEL]
-    if cap < 1 or cap > 2 ^ 50 or scale < 1 or cap * scale > MAX_SCALED or level < -MAX_SCALED or level > cap * scale then
+    local cap, tokens = old[5 * j + OLD_CAP], old[5 * j + OLD_TOKENS]
+    if cap < 1 or cap > 2 ^ 50 or tokens > cap or tokens < -MAX_SCALED or old[5 * j + OLD_FRACTION] >= MAX_SCALED then
       return
     end
   end
@@ -158,9 +161,9 @@ end
 
 -- width is the fewest bytes (1 to 7) that hold x, unsigned or (signed) in
 -- two's complement.
-local function width(x, signed)
+local function width(x, isSigned)
   local limit = 256
-  if signed then
+  if isSigned then
     limit = 128
     if x < 0 then
       x = -x - 1
@@ -181,14 +184,16 @@ local function encodeState(level, stamp, exp)
   local fields = {char(FORMAT + count - 1), fp, exp, 0, 0, 0, 0, 0, 0, 0}
   for i = 1, count do
     local c = 8 * i
-    local back = exp - stamp[i]
-    local wu = width(max(cfg[c + CAP], cfg[c + SCALE]), false)
-    local ws = max(width(level[i], true), width(back, true))
-    fields[3 + i] = 16 * wu + ws
-    format = format .. unsigned(wu) .. unsigned(wu) .. signed(ws) .. signed(ws) .. 'Bc0'
+    local cap, scale = cfg[c + CAP], cfg[c + SCALE]
+    local tokens = fdiv(level[i], scale)
+    local fraction, back = level[i] - tokens * scale, exp - stamp[i]
+    local wt = max(width(cap, false), width(tokens, true))
+    local wf = max(width(fraction, false), width(back, true))
+    fields[3 + i] = 16 * wt + wf
+    format = format .. unsigned(wt) .. signed(wt) .. unsigned(wf) .. signed(wf) .. 'Bc0'
     local at = 3 + count + 6 * (i - 1)
     fields[at + 1], fields[at + 2], fields[at + 3], fields[at + 4], fields[at + 5], fields[at + 6] =
-      cfg[c + CAP], cfg[c + SCALE], level[i], back, #cfg[c + ID], cfg[c + ID]
+      cap, tokens, fraction, back, #cfg[c + ID], cfg[c + ID]
   end
   return struct.pack(format, unpack(fields, 1, 3 + 7 * count))
 end
@@ -280,7 +285,7 @@ elseif op == REPLACE or oldFp ~= fp or n ~= count then
     local j = match(i)
     if strategy ~= RESET_TOKENS and j then
       local o = 5 * j
-      local t = fdiv(old[o + OLD_LEVEL], old[o + OLD_SCALE])
+      local t = old[o + OLD_TOKENS]
       local oldCap, newCap = old[o + OLD_CAP], cfg[c + CAP]
       if strategy == PROPORTIONALLY then
         t = mulDivFloor(t, newCap, oldCap)
@@ -295,7 +300,12 @@ elseif op == REPLACE or oldFp ~= fp or n ~= count then
   end
 else
   for i = 1, count do
-    level[i], stamp[i] = old[5 * i + OLD_LEVEL], exp - old[5 * i + OLD_BACK]
+    local o, scale = 5 * i, cfg[8 * i + SCALE]
+    local fraction = old[o + OLD_FRACTION]
+    if old[o + OLD_CAP] ~= cfg[8 * i + CAP] or fraction >= scale then
+      return redis.error_reply('sluice: corrupt state at key ' .. KEYS[1])
+    end
+    level[i], stamp[i] = old[o + OLD_TOKENS] * scale + fraction, exp - old[o + OLD_BACK]
   end
 end
 

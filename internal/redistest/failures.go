@@ -83,8 +83,8 @@ func testFailures(t *testing.T, a Adapter) {
 			name, value, want string
 		}{
 			{"string", "hello", "did not write"},
-			{"truncated", "\x01\x00\x00\x00\x00\x00\x00\x00\x00\xff", "corrupt state"},
-			{"trailing", "\x01\x00\x00\x00\x00\x00\x00\x00\x00\x01\x01\x01\x00\x00\x05ab", "corrupt state"},
+			{"truncated", "\x10\x00\x00\x00\x00\x00\x00\x00\x00\xff", "corrupt state"},
+			{"trailing", "\x10\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x11\x01\x01\x01\x01\x00ab", "corrupt state"},
 			{"hash", "", "WRONGTYPE"},
 		} {
 			key := uniqueKey(t, tc.name)
