@@ -7,7 +7,7 @@
 --
 -- Lua numbers are doubles. Every integer here stays within 2^53, where
 -- doubles are exact (ratelimit.Config.Validate bounds the inputs for that),
--- and every division rounds through fdiv or cdiv, exact there. Products
+-- and every division rounds exactly (see below). Products
 -- that could pass 2^53 are only compared, never stored: a rounded product
 -- that reaches 2^53 is still larger than anything it is compared with.
 --
@@ -37,44 +37,37 @@ local MAX_HORIZON = 2 ^ 51
 local SATURATED = 2 ^ 53
 local GRACE = 60000 -- ms a key outlives its expiry on a caller's clock
 
--- Redis charges every table and string a script allocates with an
--- allocator call and its memory accounting, and every table costs a few
--- thousand instructions, more than the math. So the script keeps its data
--- in a handful of flat arrays indexed by bandwidth, and passes numbers.
+-- The script runs for every decision, so it is written for Redis's Lua,
+-- where (counted with callgrind on redis-server 7.0.15) a function call,
+-- Lua or C, costs about ten times an arithmetic operation, and a table or
+-- string made costs a few thousand instructions. Hence:
+--
+--   - data lives in a handful of flat arrays indexed by bandwidth;
+--   - floor(a/b), for b > 0, is written (a - a % b) / b and ceil(a/b) as
+--     (a + -a % b) / b: % is an operation, math.floor a call. Both are
+--     exact for integers below 2^53: a % b is a - floor(a/b)·b, and a/b
+--     rounded never crosses an integer (a quotient that is not whole lies
+--     at least 1/b from one; rounding moves it by at most (a/b)·2^-53);
+--   - min and max are comparisons, not calls.
 
-local floor, min, max = math.floor, math.min, math.max
 local byte, char, sub, rep = string.byte, string.char, string.sub, string.rep
-
--- fdiv is floor(a/b) for b > 0. With |a| and b integers below 2^53 the
--- rounded quotient never crosses an integer: a quotient that is not whole
--- lies at least 1/b from one, and rounding moves it by at most
--- (a/b)·2^-53 < 1/b.
-local function fdiv(a, b)
-  return floor(a / b)
-end
-
--- cdiv is ceil(a/b) for b > 0.
-local function cdiv(a, b)
-  return -floor(-a / b)
-end
 
 -- The request: one unpack. cfg holds the header, then 8 fields per
 -- bandwidth; bandwidth i's field F is cfg[8 * i + F].
 local arg = ARGV[1]
 local count = byte(arg, 35)
-local cfg = {struct.unpack('<c8BddBdB' .. rep('BddddddBc0', count), arg)}
+local format = '<c8BddBdBBddddddBc0'
+if count > 1 then
+  format = format .. rep('BddddddBc0', count - 1)
+end
+local cfg = {struct.unpack(format, arg)}
 local fp, op, tokens, maxWait, strategy, now = cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6]
 local KIND, CAP, SCALE, RATE, PERIOD, INITIAL, START, ID = 0, 1, 2, 3, 4, 5, 6, 7
 
 local clockGiven = now >= 0
 if not clockGiven then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
--- full is bandwidth i's capacity in scaled units.
-local function full(i)
-  return cfg[8 * i + CAP] * cfg[8 * i + SCALE]
+  now = t[1] * 1000000 + t[2] -- Lua converts the strings
 end
 
 local function periodStart(i, t)
@@ -82,8 +75,8 @@ local function periodStart(i, t)
   if cfg[c + KIND] ~= ALIGNED then
     return t
   end
-  local start, period = cfg[c + START], cfg[c + PERIOD]
-  return start + fdiv(t - start, period) * period
+  local since, period = t - cfg[c + START], cfg[c + PERIOD]
+  return t - since % period
 end
 
 -- timeTo is the µs from now until bandwidth i, at level and stamp, holds
@@ -94,20 +87,26 @@ local function timeTo(i, level, stamp, target)
     return 0
   end
   local c = 8 * i
-  if cfg[c + KIND] == GREEDY then
-    return cdiv(short, cfg[c + RATE]) + max(0, stamp - now)
+  local rate = cfg[c + RATE]
+  local periods = (short + -short % rate) / rate
+  if cfg[c + KIND] ~= GREEDY then
+    return stamp + periods * cfg[c + PERIOD] - now
   end
-  return stamp + cdiv(short, cfg[c + RATE]) * cfg[c + PERIOD] - now
+  if stamp > now then
+    return periods + stamp - now
+  end
+  return periods
 end
 
 -- minLevel is the lowest level reservations may take bandwidth i to.
 local function minLevel(i)
   local c = 8 * i
-  local f = full(i)
+  local f, rate = cfg[c + CAP] * cfg[c + SCALE], cfg[c + RATE]
+  local debt = MAX_HORIZON * rate
   if cfg[c + KIND] ~= GREEDY then
-    return max(-MAX_SCALED, f - fdiv(MAX_HORIZON, cfg[c + PERIOD]) * cfg[c + RATE])
+    local period = cfg[c + PERIOD]
+    debt = (MAX_HORIZON - MAX_HORIZON % period) / period * rate
   end
-  local debt = MAX_HORIZON * cfg[c + RATE]
   if debt >= f + MAX_SCALED then
     return -MAX_SCALED
   end
@@ -121,16 +120,9 @@ end
 
 local OLD_CAP, OLD_TOKENS, OLD_FRACTION, OLD_BACK, OLD_ID = -2, -1, 0, 1, 2
 
--- struct's formats for unsigned and signed integers of 1 to 7 bytes;
--- unsigned(w) and signed(w) cut them out of one constant: building them from
--- numbers would format each number with sprintf.
-local INTS = 'I1I2I3I4I5I6I7i1i2i3i4i5i6i7'
-local function unsigned(w)
-  return sub(INTS, 2 * w - 1, 2 * w)
-end
-local function signed(w)
-  return sub(INTS, 2 * w + 13, 2 * w + 14)
-end
+-- PAIRS[w] is struct's format for an unsigned and a signed integer of w
+-- bytes, spelled out: building it from w would format w with sprintf.
+local PAIRS = {'I1i1', 'I2i2', 'I3i3', 'I4i4', 'I5i5', 'I6i6', 'I7i7'}
 
 -- decodeState returns the bandwidth count, fingerprint, expiry and fields
 -- of the state in v, or nothing if v is not a well-formed state.
@@ -140,11 +132,12 @@ local function decodeState(v)
   local format = '<I7' .. rep('x', n)
   for j = 1, n do
     local w = byte(v, 16 + j) or 0
-    local wt, wf = floor(w / 16), w % 16
+    local wf = w % 16
+    local wt = (w - wf) / 16
     if wt < 1 or wt > 7 or wf < 1 or wf > 7 then
       return
     end
-    format = format .. unsigned(wt) .. signed(wt) .. unsigned(wf) .. signed(wf) .. 'Bc0'
+    format = format .. PAIRS[wt] .. PAIRS[wf] .. 'Bc0'
   end
   local old = {pcall(struct.unpack, format, v, 10)}
   if not old[1] or old[#old] ~= #v + 1 then
@@ -159,38 +152,43 @@ local function decodeState(v)
   return n, sub(v, 2, 9), old[2], old
 end
 
--- width is the fewest bytes (1 to 7) that hold x, unsigned or (signed) in
--- two's complement.
-local function width(x, isSigned)
-  local limit = 256
-  if isSigned then
-    limit = 128
-    if x < 0 then
-      x = -x - 1
-    end
+-- width is the fewest bytes (1 to 7) that hold the unsigned u and, in two's
+-- complement, the signed s.
+local function width(u, s)
+  if s < 0 then
+    s = -s - 1
   end
-  local w = 1
-  while x >= limit do
+  s = 2 * s
+  if s > u then
+    u = s
+  end
+  local w, limit = 1, 256
+  while u >= limit do
     w, limit = w + 1, limit * 256
   end
   return w
 end
 
 -- encodeState packs the state of cfg's bandwidths, at level and stamp, to
--- expire at exp.
+-- expire at exp; nil if a field is out of range.
 local function encodeState(level, stamp, exp)
-  local format = '<c1c8I7' .. rep('B', count)
+  local format = '<c1c8I7B'
+  if count > 1 then
+    format = format .. rep('B', count - 1)
+  end
   -- Sized for one bandwidth; more grow it.
   local fields = {char(FORMAT + count - 1), fp, exp, 0, 0, 0, 0, 0, 0, 0}
   for i = 1, count do
     local c = 8 * i
     local cap, scale = cfg[c + CAP], cfg[c + SCALE]
-    local tokens = fdiv(level[i], scale)
-    local fraction, back = level[i] - tokens * scale, exp - stamp[i]
-    local wt = max(width(cap, false), width(tokens, true))
-    local wf = max(width(fraction, false), width(back, true))
+    local fraction = level[i] % scale
+    local tokens, back = (level[i] - fraction) / scale, exp - stamp[i]
+    local wt, wf = width(cap, tokens), width(fraction, back)
+    if wt > 7 or wf > 7 then
+      return nil -- only a corrupt state read earlier gets here
+    end
     fields[3 + i] = 16 * wt + wf
-    format = format .. unsigned(wt) .. signed(wt) .. unsigned(wf) .. signed(wf) .. 'Bc0'
+    format = format .. PAIRS[wt] .. PAIRS[wf] .. 'Bc0'
     local at = 3 + count + 6 * (i - 1)
     fields[at + 1], fields[at + 2], fields[at + 3], fields[at + 4], fields[at + 5], fields[at + 6] =
       cap, tokens, fraction, back, #cfg[c + ID], cfg[c + ID]
@@ -230,8 +228,8 @@ elseif op == REPLACE or oldFp ~= fp or n ~= count then
     if neg then
       a = -a
     end
-    local whole = fdiv(a, c)
-    if whole > 0 and whole > fdiv(2 ^ 52, b) then
+    local whole = (a - a % c) / c
+    if whole > 0 and whole > 2 ^ 52 / b then
       return neg and -SATURATED or SATURATED
     end
     -- a*b = whole*b*c + part*b; part*b/c by binary long multiplication,
@@ -243,7 +241,7 @@ elseif op == REPLACE or oldFp ~= fp or n ~= count then
       if r >= c then
         q, r = q + 1, r - c
       end
-      if floor(b / 2 ^ k) % 2 == 1 then
+      if b % 2 ^ (k + 1) >= 2 ^ k then
         r = r + part
         if r >= c then
           q, r = q + 1, r - c
@@ -289,12 +287,18 @@ elseif op == REPLACE or oldFp ~= fp or n ~= count then
       local oldCap, newCap = old[o + OLD_CAP], cfg[c + CAP]
       if strategy == PROPORTIONALLY then
         t = mulDivFloor(t, newCap, oldCap)
-      elseif strategy == ADDITIVE then
-        t = min(t, newCap) + max(0, newCap - oldCap)
-      else
-        t = min(t, newCap)
+      elseif t > newCap then
+        t = newCap
       end
-      level[i] = max(t, cdiv(minLevel(i), scale)) * scale
+      if strategy == ADDITIVE and newCap > oldCap then
+        t = t + newCap - oldCap
+      end
+      local least = minLevel(i)
+      least = (least + -least % scale) / scale
+      if t < least then
+        t = least
+      end
+      level[i] = t * scale
       stamp[i] = periodStart(i, exp - old[o + OLD_BACK])
     end
   end
@@ -312,7 +316,7 @@ end
 -- Refill.
 for i = 1, count do
   local c = 8 * i
-  local f = full(i)
+  local f = cfg[c + CAP] * cfg[c + SCALE]
   local elapsed = now - stamp[i]
   if elapsed > 0 then
     if level[i] >= f then
@@ -325,12 +329,13 @@ for i = 1, count do
       end
       stamp[i] = now
     else
-      local periods = fdiv(elapsed, cfg[c + PERIOD])
-      if periods >= cdiv(f - level[i], cfg[c + RATE]) then
+      local period, rate, short = cfg[c + PERIOD], cfg[c + RATE], f - level[i]
+      local periods = (elapsed - elapsed % period) / period
+      if periods >= (short + -short % rate) / rate then
         level[i], stamp[i] = f, periodStart(i, now)
       elseif periods > 0 then
-        level[i] = level[i] + periods * cfg[c + RATE]
-        stamp[i] = stamp[i] + periods * cfg[c + PERIOD]
+        level[i] = level[i] + periods * rate
+        stamp[i] = stamp[i] + periods * period
       end
     end
   end
@@ -356,10 +361,11 @@ local function take(t)
 end
 
 local function remaining(i)
-  if level[i] <= 0 then
+  local l = level[i]
+  if l <= 0 then
     return 0
   end
-  return fdiv(level[i], cfg[8 * i + SCALE])
+  return (l - l % cfg[8 * i + SCALE]) / cfg[8 * i + SCALE]
 end
 
 local allowed, consumed, retry, binding = 1, 0, 0, 0
@@ -386,11 +392,13 @@ if op == CONSUME or op == ESTIMATE or op == RESERVE or op == INSPECT then
     allowed, retry, binding = 0, wait, slowest
   end
 elseif op == CONSUME_UP_TO then
-  local available = SATURATED
+  local t = tokens
   for i = 1, count do
-    available = min(available, remaining(i))
+    local r = remaining(i)
+    if r < t then
+      t = r
+    end
   end
-  local t = min(tokens, available)
   if t > 0 then
     take(t)
     consumed = t
@@ -400,8 +408,17 @@ elseif op == CONSUME_UP_TO then
   end
 elseif op == ADD then
   for i = 1, count do
-    local f, scale = full(i), cfg[8 * i + SCALE]
-    level[i] = min(f, level[i] + min(tokens, cdiv(f - level[i], scale)) * scale)
+    local scale = cfg[8 * i + SCALE]
+    local f = cfg[8 * i + CAP] * scale
+    local short = f - level[i]
+    local t = (short + -short % scale) / scale
+    if tokens < t then
+      t = tokens
+    end
+    level[i] = level[i] + t * scale
+    if level[i] > f then
+      level[i] = f
+    end
     if level[i] == f and now > stamp[i] then
       stamp[i] = periodStart(i, now)
     end
@@ -416,13 +433,19 @@ for i = 1, count do
   if allowed == 1 and r < least then
     least, binding = r, i
   end
-  resetAfter = max(resetAfter, timeTo(i, level[i], stamp[i], full(i)))
+  local w = timeTo(i, level[i], stamp[i], cfg[8 * i + CAP] * cfg[8 * i + SCALE])
+  if w > resetAfter then
+    resetAfter = w
+  end
 end
 local warmup = 0
 for i = 1, count do
   local c = 8 * i
   if cfg[c + INITIAL] ~= cfg[c + CAP] then
-    warmup = max(warmup, timeTo(i, cfg[c + INITIAL] * cfg[c + SCALE], periodStart(i, now), full(i)))
+    local w = timeTo(i, cfg[c + INITIAL] * cfg[c + SCALE], periodStart(i, now), cfg[c + CAP] * cfg[c + SCALE])
+    if w > warmup then
+      warmup = w
+    end
   end
 end
 
@@ -432,11 +455,16 @@ end
 -- the key lives a minute longer; the expiry in the state still decides.
 exp = now + resetAfter + warmup
 if exp > now then
-  local ttl = cdiv(exp - now, 1000) + 1
+  local ms = exp - now
+  local ttl = (ms + -ms % 1000) / 1000 + 1
   if clockGiven then
     ttl = ttl + GRACE
   end
-  redis.call('SET', KEYS[1], encodeState(level, stamp, exp), 'PX', ttl)
+  local v = encodeState(level, stamp, exp)
+  if v == nil then
+    return redis.error_reply('sluice: corrupt state at key ' .. KEYS[1])
+  end
+  redis.call('SET', KEYS[1], v, 'PX', ttl)
 else
   redis.call('DEL', KEYS[1])
 end
