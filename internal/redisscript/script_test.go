@@ -129,7 +129,7 @@ func TestScriptMatchesApply(t *testing.T) {
 			if !equalState(gotState, wantState) || !slices.Equal(fractions, wantFractions) {
 				fail("stored state\n %+v, fractions %v\nwant\n %+v, fractions %v", gotState, fractions, wantState, wantFractions)
 			}
-			ttl := ceilDiv(state.ExpiresAt-s.now, 1000) + 1 + 60_000
+			ttl := ceilDiv(state.ExpiresAt-s.now, 1000) + 60_000
 			if got := s.ttl.Val().Milliseconds(); got > ttl || got < ttl-1000 {
 				fail("PTTL %dms, want %dms", got, ttl)
 			}
@@ -302,5 +302,51 @@ func TestScriptDebtLimit(t *testing.T) {
 			}
 			now++
 		}
+	}
+}
+
+// TestScriptTTL: on the server's clock a key expires at the end of the
+// second in which its state's expiry falls, or later (when a call kept the
+// TTL of an earlier state), never earlier and never by more than a second.
+func TestScriptTTL(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(20).WithBurst(5)}}
+	key := fmt.Sprintf("ttl:%d", time.Now().UnixNano())
+	kept := 0
+	var last int64
+	for i := range 40 {
+		req := ratelimit.Request{Tokens: 1}
+		if i%7 == 6 {
+			req = ratelimit.Request{Op: ratelimit.Add, Tokens: 2}
+		}
+		call := redisscript.NewCall("", key, cfg, req, redisscript.ServerClock)
+		if err := script.Run(ctx, c, []string{call.Key}, call.Arg).Err(); err != nil {
+			t.Fatal(err)
+		}
+		stored, err := c.Get(ctx, call.Key).Bytes()
+		if errors.Is(err, redis.Nil) {
+			last = 0
+			continue // full again: no key
+		}
+		s, _, err := decodeState(stored)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at, err := c.Do(ctx, "PEXPIRETIME", call.Key).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at%1000 != 0 || at*1000 < s.ExpiresAt || at*1000 >= s.ExpiresAt+2_000_000 {
+			t.Fatalf("call %d: key expires at %dms; want the end of a second, at or after the state's expiry %dµs and within a second of it", i, at, s.ExpiresAt)
+		}
+		if at == last {
+			kept++
+		}
+		last = at
+		time.Sleep(7 * time.Millisecond)
+	}
+	if kept == 0 {
+		t.Errorf("no call kept the key's TTL")
 	}
 }

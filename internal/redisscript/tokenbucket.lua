@@ -50,7 +50,7 @@ local GRACE = 60000 -- ms a key outlives its expiry on a caller's clock
 --     at least 1/b from one; rounding moves it by at most (a/b)·2^-53);
 --   - min and max are comparisons, not calls.
 
-local byte, char, sub, rep = string.byte, string.char, string.sub, string.rep
+local byte, rep = string.byte, string.rep
 
 -- The request: one unpack. cfg holds the header, then 8 fields per
 -- bandwidth; bandwidth i's field F is cfg[8 * i + F].
@@ -115,10 +115,10 @@ end
 
 -- The stored state keeps a bandwidth's level as whole tokens and the
 -- scaled units left over, which is what a config change carries over and
--- takes fewer bytes than the level and the scale. old holds, from old[3], 5
+-- takes fewer bytes than the level and the scale. old holds, from old[4], 5
 -- fields per bandwidth: bandwidth j's field F is old[5 * j + F].
 
-local OLD_CAP, OLD_TOKENS, OLD_FRACTION, OLD_BACK, OLD_ID = -2, -1, 0, 1, 2
+local OLD_CAP, OLD_TOKENS, OLD_FRACTION, OLD_BACK, OLD_ID = -1, 0, 1, 2, 3
 
 -- PAIRS[w] is struct's format for an unsigned and a signed integer of w
 -- bytes, spelled out: building it from w would format w with sprintf.
@@ -128,8 +128,12 @@ local PAIRS = {'I1i1', 'I2i2', 'I3i3', 'I4i4', 'I5i5', 'I6i6', 'I7i7'}
 -- of the state in v, or nothing if v is not a well-formed state.
 local function decodeState(v)
   local n = byte(v, 1) - FORMAT + 1
-  -- From the expiry on: skip the width bytes, then each bandwidth.
-  local format = '<I7' .. rep('x', n)
+  -- From the fingerprint on: it, the expiry, the width bytes skipped, then
+  -- each bandwidth.
+  local format = '<c8I7x'
+  if n > 1 then
+    format = format .. rep('x', n - 1)
+  end
   for j = 1, n do
     local w = byte(v, 16 + j) or 0
     local wf = w % 16
@@ -139,7 +143,7 @@ local function decodeState(v)
     end
     format = format .. PAIRS[wt] .. PAIRS[wf] .. 'Bc0'
   end
-  local old = {pcall(struct.unpack, format, v, 10)}
+  local old = {pcall(struct.unpack, format, v, 2)}
   if not old[1] or old[#old] ~= #v + 1 then
     return
   end
@@ -149,7 +153,7 @@ local function decodeState(v)
       return
     end
   end
-  return n, sub(v, 2, 9), old[2], old
+  return n, old[2], old[3], old
 end
 
 -- width is the fewest bytes (1 to 7) that hold the unsigned u and, in two's
@@ -172,12 +176,12 @@ end
 -- encodeState packs the state of cfg's bandwidths, at level and stamp, to
 -- expire at exp; nil if a field is out of range.
 local function encodeState(level, stamp, exp)
-  local format = '<c1c8I7B'
+  local format = '<Bc8I7B'
   if count > 1 then
     format = format .. rep('B', count - 1)
   end
   -- Sized for one bandwidth; more grow it.
-  local fields = {char(FORMAT + count - 1), fp, exp, 0, 0, 0, 0, 0, 0, 0}
+  local fields = {FORMAT + count - 1, fp, exp, 0, 0, 0, 0, 0, 0, 0}
   for i = 1, count do
     local c = 8 * i
     local cap, scale = cfg[c + CAP], cfg[c + SCALE]
@@ -449,23 +453,28 @@ for i = 1, count do
   end
 end
 
--- The key lives until the state equals a new bucket's, plus a millisecond
--- for the server's own clock, which may have read a little earlier than
--- TIME. A caller's clock need not keep pace with the server's, so with one
--- the key lives a minute longer; the expiry in the state still decides.
-exp = now + resetAfter + warmup
-if exp > now then
-  local ms = exp - now
-  local ttl = (ms + -ms % 1000) / 1000 + 1
-  if clockGiven then
-    ttl = ttl + GRACE
-  end
-  local v = encodeState(level, stamp, exp)
+-- On the server's clock the key expires (PXAT) at the end of the whole
+-- second in which the state comes to equal a new bucket's. Keys so linger
+-- up to a second longer than they must, but a call that leaves the expiry
+-- within the second of the stored state's keeps the key's TTL (KEEPTTL),
+-- which costs Redis half as much as setting one. A caller's clock need not
+-- keep pace with the server's, so with one the key lives a minute longer
+-- than its expiry on that clock; the expiry in the state still decides.
+local expiry = now + resetAfter + warmup
+if expiry <= now then
+  redis.call('DEL', KEYS[1])
+else
+  local v = encodeState(level, stamp, expiry)
   if v == nil then
     return redis.error_reply('sluice: corrupt state at key ' .. KEYS[1])
   end
-  redis.call('SET', KEYS[1], v, 'PX', ttl)
-else
-  redis.call('DEL', KEYS[1])
+  if clockGiven then
+    local ms = expiry - now
+    redis.call('SET', KEYS[1], v, 'PX', (ms + -ms % 1000) / 1000 + GRACE)
+  elseif raw and expiry <= exp + -exp % 1000000 then
+    redis.call('SET', KEYS[1], v, 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[1], v, 'PXAT', (expiry + -expiry % 1000000) / 1000)
+  end
 end
 return {allowed, consumed, cfg[8 * binding + CAP], remaining(binding), retry, resetAfter, binding - 1}
