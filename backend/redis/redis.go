@@ -15,7 +15,8 @@
 // ([WithPrefix]). The braces make k the cluster hash tag, so a bucket is
 // one key on one slot; braces and '%' inside k are percent-encoded, so a
 // caller cannot choose the slot of its bucket. A key holds a few dozen bytes
-// and expires when the bucket has refilled: an idle bucket costs nothing.
+// and expires within a second after the bucket has refilled: an idle bucket
+// costs nothing.
 //
 // # Retries
 //

@@ -9,17 +9,19 @@
 //
 // [TokenBucket] is [ratelimit.Apply] in Lua. One call is one EVALSHA on one
 // key: it reads the state, applies the request on the server's clock (TIME,
-// in microseconds) or on the time the caller passes, writes the state back
-// with a TTL of the time until it equals a new bucket's (or deletes it when
-// it already does), and returns the decision.
+// in microseconds) or on the time the caller passes, writes the state back,
+// or deletes it when it already equals a new bucket's, and returns the
+// decision. The key expires at the end of the second in which the state
+// comes to equal a new bucket's.
 //
-// The stored value is a string of a few dozen bytes: a format byte (1), the
-// config's 8-byte fingerprint, the expiry in µs as a varint, then for each
-// bandwidth its capacity and scale as varints, its level and its distance
-// from the expiry to its stamp as zigzag varints, and its ID (a length byte
-// and the bytes). Keeping capacity, scale and ID lets the script convert
-// the bucket when the config's fingerprint changes, with no second round
-// trip.
+// The stored value is a string of a few dozen bytes (26 for one bandwidth
+// of 10 or 100 a second): a format byte, the config's 8-byte fingerprint, the expiry in
+// µs, then for each bandwidth its capacity, its level as whole tokens and a
+// fraction in scaled units, the distance from its stamp to the expiry, each
+// in as few bytes as it needs, and its ID. Keeping capacity, whole tokens
+// and ID lets the script convert the bucket when the config's fingerprint
+// changes, with no second round trip. tokenbucket.lua documents the layout
+// byte by byte.
 package redisscript
 
 import (
