@@ -46,6 +46,10 @@ test-integration: ## tests whose names contain Integration, with -race
 bench: ## sluice vs its peers, six interleaved rounds, benchstat tables in bench/benchstat.txt (about 20 min)
 	sh benchmarks/run.sh bench
 
+.PHONY: bench-redis
+bench-redis: ## sluice's Redis backends vs redis_rate on one redis-server, six rounds, tables in bench/redis/benchstat.txt (about 15 min)
+	sh benchmarks/redis.sh bench/redis
+
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt (must list nothing), go vet and staticcheck, in both modules
 	@echo 'gofmt -l .'; unformatted="$$(gofmt -l .)"; \

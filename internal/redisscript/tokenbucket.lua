@@ -364,12 +364,12 @@ local function take(t)
   end
 end
 
-local function remaining(i)
-  local l = level[i]
+-- whole is the whole tokens in l scaled units, none when in debt.
+local function whole(l, scale)
   if l <= 0 then
     return 0
   end
-  return (l - l % cfg[8 * i + SCALE]) / cfg[8 * i + SCALE]
+  return (l - l % scale) / scale
 end
 
 local allowed, consumed, retry, binding = 1, 0, 0, 0
@@ -398,7 +398,7 @@ if op == CONSUME or op == ESTIMATE or op == RESERVE or op == INSPECT then
 elseif op == CONSUME_UP_TO then
   local t = tokens
   for i = 1, count do
-    local r = remaining(i)
+    local r = whole(level[i], cfg[8 * i + SCALE])
     if r < t then
       t = r
     end
@@ -431,11 +431,14 @@ end
 
 -- Settle: the binding bandwidth (the one with the fewest tokens left unless
 -- a denial named one), the time to full, and the expiry.
-local resetAfter, least = 0, SATURATED
+local resetAfter, least, left = 0, SATURATED, 0
 for i = 1, count do
-  local r = remaining(i)
+  local r = whole(level[i], cfg[8 * i + SCALE])
   if allowed == 1 and r < least then
     least, binding = r, i
+  end
+  if i == binding then
+    left = r
   end
   local w = timeTo(i, level[i], stamp[i], cfg[8 * i + CAP] * cfg[8 * i + SCALE])
   if w > resetAfter then
@@ -477,4 +480,4 @@ else
     redis.call('SET', KEYS[1], v, 'PXAT', (expiry + -expiry % 1000000) / 1000)
   end
 end
-return {allowed, consumed, cfg[8 * binding + CAP], remaining(binding), retry, resetAfter, binding - 1}
+return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, binding - 1}
