@@ -35,8 +35,19 @@ func connect(t *testing.T, addrs []string, cluster bool, o redistest.Options) (r
 	return b, closeClient
 }
 
+// sentinel builds a failover client through Sentinel.
+func sentinel(t *testing.T, sentinels []string, master string) redistest.Backend {
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: sentinels, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	b, err := redisbackend.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func TestIntegration(t *testing.T) {
-	redistest.Run(t, redistest.Adapter{Connect: connect})
+	redistest.Run(t, redistest.Adapter{Connect: connect, Sentinel: sentinel})
 }
 
 func TestNewErrors(t *testing.T) {

@@ -36,8 +36,22 @@ func connect(t *testing.T, addrs []string, cluster bool, o redistest.Options) (r
 	return b, c.Close
 }
 
+// sentinel builds a client that finds the master through Sentinel.
+func sentinel(t *testing.T, sentinels []string, master string) redistest.Backend {
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: sentinels, Sentinel: rueidis.SentinelOption{MasterSet: master}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	b, err := rueidisbackend.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func TestIntegration(t *testing.T) {
-	redistest.Run(t, redistest.Adapter{Connect: connect})
+	redistest.Run(t, redistest.Adapter{Connect: connect, Sentinel: sentinel})
 }
 
 // TestSharedBucketIntegration: processes on go-redis and on rueidis share

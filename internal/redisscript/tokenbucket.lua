@@ -7,9 +7,9 @@
 --
 -- Lua numbers are doubles. Every integer here stays within 2^53, where
 -- doubles are exact (ratelimit.Config.Validate bounds the inputs for that),
--- and every division rounds exactly (see below). Products
--- that could pass 2^53 are only compared, never stored: a rounded product
--- that reaches 2^53 is still larger than anything it is compared with.
+-- and every division rounds exactly (see below). Products that could pass
+-- 2^53 are only compared, never stored: a rounded product that reaches 2^53
+-- is still larger than anything it is compared with.
 --
 -- ARGV[1] is the request, packed by NewCall in call.go (little-endian):
 --   c8 fingerprint, B op, d tokens, d max wait (µs), B strategy,
@@ -88,14 +88,15 @@ local function timeTo(i, level, stamp, target)
   end
   local c = 8 * i
   local rate = cfg[c + RATE]
-  local periods = (short + -short % rate) / rate
+  -- Greedy: the µs it takes; Interval kinds: the periods.
+  local steps = (short + -short % rate) / rate
   if cfg[c + KIND] ~= GREEDY then
-    return stamp + periods * cfg[c + PERIOD] - now
+    return stamp + steps * cfg[c + PERIOD] - now
   end
   if stamp > now then
-    return periods + stamp - now
+    return steps + stamp - now
   end
-  return periods
+  return steps
 end
 
 -- minLevel is the lowest level reservations may take bandwidth i to.
@@ -308,12 +309,13 @@ elseif op == REPLACE or oldFp ~= fp or n ~= count then
   end
 else
   for i = 1, count do
-    local o, scale = 5 * i, cfg[8 * i + SCALE]
+    local o, cap, scale = 5 * i, cfg[8 * i + CAP], cfg[8 * i + SCALE]
     local fraction = old[o + OLD_FRACTION]
-    if old[o + OLD_CAP] ~= cfg[8 * i + CAP] or fraction >= scale then
+    local l = old[o + OLD_TOKENS] * scale + fraction
+    if old[o + OLD_CAP] ~= cap or fraction >= scale or l > cap * scale or l < -MAX_SCALED then
       return redis.error_reply('sluice: corrupt state at key ' .. KEYS[1])
     end
-    level[i], stamp[i] = old[o + OLD_TOKENS] * scale + fraction, exp - old[o + OLD_BACK]
+    level[i], stamp[i] = l, exp - old[o + OLD_BACK]
   end
 end
 

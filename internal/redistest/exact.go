@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -21,6 +22,17 @@ func testExact(t *testing.T, a Adapter, tops []topology) {
 			Exact(t, b1, b2)
 		})
 	}
+}
+
+// testSentinel: a failover client, which asks a Sentinel for the master,
+// decides exactly as well.
+func testSentinel(t *testing.T, a Adapter) {
+	t.Parallel()
+	master := testkit.StartRedis(t)
+	sentinel := testkit.StartSentinel(t, master)
+	b1 := a.Sentinel(t, []string{sentinel.Addr()}, testkit.SentinelMaster)
+	b2 := a.Sentinel(t, []string{sentinel.Addr()}, testkit.SentinelMaster)
+	Exact(t, b1, b2)
 }
 
 // Exact races 64 goroutines, alternately on each backend given, for one

@@ -38,17 +38,21 @@ type Adapter struct {
 	// give up when the context's deadline passes. Connect registers the
 	// close with t.Cleanup as well; closing twice must be harmless.
 	Connect func(t *testing.T, addrs []string, cluster bool, opts Options) (Backend, func())
+	// Sentinel is Connect for a failover client that finds the master named
+	// master through the Sentinels at sentinels.
+	Sentinel func(t *testing.T, sentinels []string, master string) Backend
 }
 
 // Run runs the suite: most groups on one standalone server and one cluster,
 // fault tests on servers of their own.
 func Run(t *testing.T, a Adapter) {
-	if a.Connect == nil {
-		t.Fatal("redistest: Adapter.Connect is nil")
+	if a.Connect == nil || a.Sentinel == nil {
+		t.Fatal("redistest: Adapter.Connect or Adapter.Sentinel is nil")
 	}
 	tops := topologies(t)
 	t.Run("Conformance", func(t *testing.T) { testConformance(t, a, tops) })
 	t.Run("Exact", func(t *testing.T) { testExact(t, a, tops) })
+	t.Run("Sentinel", func(t *testing.T) { testSentinel(t, a) })
 	t.Run("ScriptCache", func(t *testing.T) { testScriptCache(t, a) })
 	t.Run("Keys", func(t *testing.T) { testKeys(t, a, tops) })
 	t.Run("Failures", func(t *testing.T) { testFailures(t, a) })

@@ -29,6 +29,10 @@ var errPortInUse = errors.New("port in use")
 
 // argv puts the defaults first so that the caller's args override them.
 func (r *Redis) argv() []string {
+	if r.master != "" {
+		// Sentinel rewrites its config file, so it must have one of its own.
+		return []string{r.sentinelConf(), "--sentinel", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--dir", r.dir}
+	}
 	argv := []string{
 		"--port", strconv.Itoa(r.port),
 		"--bind", "127.0.0.1",
@@ -50,6 +54,20 @@ func (r *Redis) argv() []string {
 }
 
 func (r *Redis) logPath() string { return filepath.Join(r.dir, "redis.log") }
+
+// sentinelConf writes a Sentinel's config file, unless a Restart finds the
+// one its predecessor rewrote, and returns its path.
+func (r *Redis) sentinelConf() string {
+	path := filepath.Join(r.dir, "sentinel.conf")
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	host, port, _ := net.SplitHostPort(r.master)
+	conf := fmt.Sprintf("sentinel monitor %s %s %s 1\n", SentinelMaster, host, port)
+	// Any error shows when redis-server cannot read the file.
+	_ = os.WriteFile(path, []byte(conf), 0o644)
+	return path
+}
 
 // launch starts redis-server on r's ports and waits until it answers.
 // When it fails, the process is gone and the error carries the log.

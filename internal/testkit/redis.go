@@ -44,7 +44,8 @@ type Redis struct {
 	dir     string
 	args    []string // the caller's, reapplied by Restart
 	port    int
-	busPort int // cluster bus port; 0 for a standalone server
+	busPort int    // cluster bus port; 0 for a standalone server
+	master  string // the address a Sentinel monitors; "" for a server
 
 	cmd    *exec.Cmd
 	exited chan struct{} // closed once cmd has been reaped
@@ -67,7 +68,21 @@ func StartRedis(t testing.TB, args ...string) *Redis {
 // turn out to be taken.
 func start(t testing.TB, cluster bool, args []string) *Redis {
 	t.Helper()
-	r := &Redis{bin: RequireRedisServer(t), dir: t.TempDir(), args: slices.Clone(args)}
+	return startWith(t, func(r *Redis) {
+		r.args = slices.Clone(args)
+		if cluster {
+			r.busPort = -1 // picked below
+		}
+	})
+}
+
+// startWith launches a server that set has configured, retrying with fresh
+// ports while the ones it picked turn out to be taken.
+func startWith(t testing.TB, set func(*Redis)) *Redis {
+	t.Helper()
+	r := &Redis{bin: RequireRedisServer(t), dir: t.TempDir()}
+	set(r)
+	cluster := r.busPort != 0
 	nports := 1
 	if cluster {
 		nports = 2
@@ -163,6 +178,20 @@ func (r *Redis) Restart(t testing.TB) {
 	if err := r.launch(); err != nil {
 		t.Fatalf("testkit: restart redis-server on %s: %v", r.Addr(), err)
 	}
+}
+
+// SentinelMaster is the name under which a Sentinel from [StartSentinel]
+// knows its master.
+const SentinelMaster = "sluice"
+
+// StartSentinel starts a Sentinel (redis-server --sentinel) on a free
+// 127.0.0.1 port that monitors master as [SentinelMaster], with a quorum of
+// one, and waits until it answers. Failover clients (go-redis's
+// NewFailoverClient, rueidis's Sentinel option) find master through it.
+// t.Cleanup kills it.
+func StartSentinel(t testing.TB, master *Redis) *Redis {
+	t.Helper()
+	return startWith(t, func(r *Redis) { r.master = master.Addr() })
 }
 
 // StandaloneAddr returns the address of a standalone server for the test.
