@@ -54,7 +54,11 @@ func (b *Bucket) Estimate(ctx context.Context, n int64) (Decision, error) {
 // after ctx's deadline, or further ahead than a bucket may be reserved
 // (about 71 years of refill), it returns [ErrWaitExceedsDeadline] at once,
 // taking nothing; so does a ctx that is already done. If ctx ends during
-// the sleep, Wait gives the tokens back and returns ctx's error.
+// the sleep, Wait gives the tokens back and returns ctx's error. If it ends
+// while the reservation itself is in flight, the backend may return an
+// error without knowing whether the store made it; Wait then returns that
+// error and gives nothing back, so the tokens may stay taken until they
+// refill: a cancelled Wait can cost tokens, but never admits extra.
 func (b *Bucket) Wait(ctx context.Context, n int64) error {
 	if err := ctx.Err(); err != nil {
 		return err
