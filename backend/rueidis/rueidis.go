@@ -43,9 +43,8 @@ import (
 // concurrent use, and holds nothing but the client: closing the client is
 // the caller's business.
 type Backend struct {
-	client rueidis.Client
-	prefix string
-	clock  ratelimit.Clock
+	client   rueidis.Client
+	settings redisscript.Settings
 }
 
 var _ ratelimit.Backend = (*Backend)(nil)
@@ -55,14 +54,14 @@ var _ ratelimit.Backend = (*Backend)(nil)
 const DefaultPrefix = ""
 
 // Option configures a [Backend].
-type Option func(*Backend)
+type Option func(*redisscript.Settings)
 
 // WithPrefix puts prefix before every bucket key, to keep sluice's keys
 // apart from others in the same database (and match ACL key patterns). It
 // must not contain '{' or '}'. Every byte of it is stored in every key.
 // Processes sharing buckets must use the same prefix.
 func WithPrefix(prefix string) Option {
-	return func(b *Backend) { b.prefix = prefix }
+	return func(s *redisscript.Settings) { s.Prefix = prefix }
 }
 
 // WithClock makes the script decide on c's time instead of the server's.
@@ -73,24 +72,23 @@ func WithPrefix(prefix string) Option {
 // minute; the expiry kept in each key decides. A nil c keeps the server's
 // clock.
 func WithClock(c ratelimit.Clock) Option {
-	return func(b *Backend) { b.clock = c }
+	return func(s *redisscript.Settings) { s.Clock = c }
 }
 
 // New returns a Backend that keeps buckets in Redis through client. It
 // returns an error wrapping [ratelimit.ErrInvalidConfig] for a nil client or
 // a bad option. It does not talk to the server; [Backend.Check] does.
 func New(client rueidis.Client, opts ...Option) (*Backend, error) {
-	b := &Backend{prefix: DefaultPrefix}
+	b := &Backend{client: client, settings: redisscript.Settings{Prefix: DefaultPrefix}}
 	for _, opt := range opts {
-		opt(b)
+		opt(&b.settings)
 	}
 	if client == nil {
 		return nil, fmt.Errorf("%w: sluice/rueidis: the client is nil", ratelimit.ErrInvalidConfig)
 	}
-	if err := redisscript.CheckPrefix(b.prefix); err != nil {
+	if err := b.settings.Check(); err != nil {
 		return nil, err
 	}
-	b.client = client
 	return b, nil
 }
 
@@ -99,14 +97,10 @@ var tokenBucket = rueidis.NewLuaScript(redisscript.TokenBucket)
 // Do applies req to the bucket at key in one script call; see
 // [ratelimit.Backend].
 func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
-	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
+	call, err := b.settings.Prepare(key, cfg, req)
+	if err != nil {
 		return ratelimit.Decision{}, err
 	}
-	now := int64(redisscript.ServerClock)
-	if b.clock != nil {
-		now = b.clock.Now().UnixMicro()
-	}
-	call := redisscript.NewCall(b.prefix, key, cfg, req, now)
 	reply, err := tokenBucket.Exec(ctx, b.client, []string{call.Key}, []string{call.Arg}).AsIntSlice()
 	if err != nil {
 		return ratelimit.Decision{}, redisscript.Error(err, fmt.Sprintf("sluice/rueidis: %v on key %q", req.Op, key))

@@ -105,3 +105,28 @@ func (c Call) Decision(reply []int64) (ratelimit.Decision, error) {
 func (c Call) badReply(reply []int64) error {
 	return fmt.Errorf("%w: sluice: key %q: the script replied %v, not a decision", ratelimit.ErrBackendUnavailable, c.Key, reply)
 }
+
+// Settings are the options both backends take.
+type Settings struct {
+	// Prefix goes before every bucket key; see [CheckPrefix].
+	Prefix string
+	// Clock, when set, decides instead of the server's clock.
+	Clock ratelimit.Clock
+}
+
+// Check validates the settings, with an error wrapping
+// [ratelimit.ErrInvalidConfig].
+func (s Settings) Check() error { return CheckPrefix(s.Prefix) }
+
+// Prepare validates a call with [ratelimit.CheckRequest], before any I/O,
+// and packs it on the settings' clock.
+func (s Settings) Prepare(key string, cfg ratelimit.Config, req ratelimit.Request) (Call, error) {
+	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
+		return Call{}, err
+	}
+	now := int64(ServerClock)
+	if s.Clock != nil {
+		now = s.Clock.Now().UnixMicro()
+	}
+	return NewCall(s.Prefix, key, cfg, req, now), nil
+}
