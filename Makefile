@@ -11,8 +11,8 @@ SHELL := bash
 GO ?= go
 # How long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 30s
-# The package whose Fuzz targets `make fuzz` runs.
-FUZZPKG ?= ./ratelimit
+# The packages whose Fuzz targets `make fuzz` runs.
+FUZZPKGS ?= ./ratelimit ./internal/redisscript
 # staticcheck, pinned so that a new release cannot fail CI overnight; bump it
 # on purpose (it must understand the Go toolchain in use). Release 2026.2.2
 # is module version v0.8.2: the module proxy knows only the latter.
@@ -65,13 +65,15 @@ $(GOBIN)/staticcheck:
 	$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: fuzz
-fuzz: ## run each Fuzz target in FUZZPKG (./ratelimit) for FUZZTIME (30s)
-	listed="$$($(GO) test -list '^Fuzz' $(FUZZPKG))"; \
-	targets="$$(grep '^Fuzz' <<<"$$listed" || true)"; \
-	if [ -z "$$targets" ]; then echo "no Fuzz targets in $(FUZZPKG)"; exit 1; fi; \
-	for t in $$targets; do \
-	  echo "== $$t for $(FUZZTIME)"; \
-	  $(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(FUZZTIME) $(FUZZPKG); \
+fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./internal/redisscript) for FUZZTIME (30s)
+	for pkg in $(FUZZPKGS); do \
+	  listed="$$($(GO) test -list '^Fuzz' $$pkg)"; \
+	  targets="$$(grep '^Fuzz' <<<"$$listed" || true)"; \
+	  if [ -z "$$targets" ]; then echo "no Fuzz targets in $$pkg"; exit 1; fi; \
+	  for t in $$targets; do \
+	    echo "== $$pkg $$t for $(FUZZTIME)"; \
+	    $(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(FUZZTIME) $$pkg; \
+	  done; \
 	done
 
 .PHONY: run
