@@ -108,7 +108,9 @@ func (c Call) badReply(reply []int64) error {
 
 // Settings are the options both backends take.
 type Settings struct {
-	// Prefix goes before every bucket key; see [CheckPrefix].
+	// Prefix goes before every bucket key (see [Key]). It must not contain
+	// '{' or '}': the hash tag would then be in the prefix, and every
+	// bucket would land on one cluster slot.
 	Prefix string
 	// Clock, when set, decides instead of the server's clock.
 	Clock ratelimit.Clock
@@ -116,7 +118,12 @@ type Settings struct {
 
 // Check validates the settings, with an error wrapping
 // [ratelimit.ErrInvalidConfig].
-func (s Settings) Check() error { return CheckPrefix(s.Prefix) }
+func (s Settings) Check() error {
+	if strings.ContainsAny(s.Prefix, "{}") {
+		return fmt.Errorf("%w: key prefix %q must not contain '{' or '}': the bucket's hash tag follows it", ratelimit.ErrInvalidConfig, s.Prefix)
+	}
+	return nil
+}
 
 // Prepare validates a call with [ratelimit.CheckRequest], before any I/O,
 // and packs it on the settings' clock.

@@ -1,11 +1,6 @@
 package redisscript
 
-import (
-	"fmt"
-	"strings"
-
-	"github.com/sluicehq/sluice/ratelimit"
-)
+import "strings"
 
 // Key returns the Redis key of the bucket at the user's key: prefix, then
 // the key inside a hash tag, {key}, so that Redis Cluster places the bucket
@@ -21,13 +16,3 @@ func Key(prefix, key string) string {
 }
 
 var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
-
-// CheckPrefix reports whether prefix may start every bucket key: a brace
-// would put the hash tag in the prefix, and every bucket would land on one
-// cluster slot. The error wraps [ratelimit.ErrInvalidConfig].
-func CheckPrefix(prefix string) error {
-	if strings.ContainsAny(prefix, "{}") {
-		return fmt.Errorf("%w: key prefix %q must not contain '{' or '}': the bucket's hash tag follows it", ratelimit.ErrInvalidConfig, prefix)
-	}
-	return nil
-}
