@@ -121,6 +121,9 @@ func CheckRequest(key string, cfg Config, req Request) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	if req.Op <= Inspect && !cfg.Algorithm.Supports(req.Op) {
+		return fmt.Errorf("%w: Op %v is not supported by %v", ErrInvalidRequest, req.Op, cfg.Algorithm)
+	}
 	if req.Strategy > Additive {
 		return fmt.Errorf("%w: Strategy %v is not a known Inheritance", ErrInvalidRequest, req.Strategy)
 	}

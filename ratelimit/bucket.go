@@ -59,17 +59,26 @@ func (b *Bucket) Estimate(ctx context.Context, n int64) (Decision, error) {
 // error without knowing whether the store made it; Wait then returns that
 // error and gives nothing back, so the tokens may stay taken until they
 // refill: a cancelled Wait can cost tokens, but never admits extra.
+//
+// An algorithm that cannot reserve (see [Algorithm.Supports]) is polled
+// instead: Wait tries to take the tokens, and sleeps for the decision's
+// RetryAfter between tries. Waiters then are not served in arrival order,
+// and one whose deadline comes before the RetryAfter returns
+// [ErrWaitExceedsDeadline].
 func (b *Bucket) Wait(ctx context.Context, n int64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	maxWait, hasDeadline := time.Duration(math.MaxInt64), false
-	if deadline, ok := ctx.Deadline(); ok {
-		maxWait, hasDeadline = max(0, time.Until(deadline)), true
-	}
 	cfg, err := b.config(ctx)
 	if err != nil {
 		return err
+	}
+	if !cfg.Algorithm.Supports(Reserve) {
+		return b.poll(ctx, cfg, n)
+	}
+	maxWait, hasDeadline := time.Duration(math.MaxInt64), false
+	if deadline, ok := ctx.Deadline(); ok {
+		maxWait, hasDeadline = max(0, time.Until(deadline)), true
 	}
 	strategy := b.limiter.strategy
 	d, err := b.limiter.backend.Do(ctx, b.key, cfg, Request{Op: Reserve, Tokens: n, MaxWait: maxWait, Strategy: strategy})
@@ -96,6 +105,27 @@ func (b *Bucket) Wait(ctx context.Context, n int64) error {
 		// costs nothing. ctx is done, so the give-back runs without it.
 		_, addErr := b.limiter.backend.Do(context.WithoutCancel(ctx), b.key, cfg, Request{Op: Add, Tokens: n, Strategy: strategy})
 		return errors.Join(ctx.Err(), addErr)
+	}
+}
+
+// poll is Wait for an algorithm that cannot reserve.
+func (b *Bucket) poll(ctx context.Context, cfg Config, n int64) error {
+	req := Request{Op: Consume, Tokens: n, Strategy: b.limiter.strategy}
+	for {
+		d, err := b.limiter.backend.Do(ctx, b.key, cfg, req)
+		if err != nil || d.Allowed {
+			return err
+		}
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d.RetryAfter {
+			return fmt.Errorf("%w: %d tokens are due in %v, the deadline is in %v", ErrWaitExceedsDeadline, n, d.RetryAfter, max(0, time.Until(deadline)))
+		}
+		timer := time.NewTimer(max(d.RetryAfter, time.Microsecond))
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		}
 	}
 }
 

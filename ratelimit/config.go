@@ -39,21 +39,79 @@ const maxHorizon = 1 << 51
 // 2^52 is in the year 2112.
 const maxClock = 1 << 52
 
-// Algorithm selects how a bucket's bandwidths are enforced.
+// Algorithm selects how a bucket's bandwidths are enforced. Each
+// [Bandwidth] reads as Capacity requests per RefillPeriod whatever the
+// algorithm; docs/algorithms.md compares them, with measured memory, speed
+// and burst behaviour.
 type Algorithm uint8
 
 const (
 	// TokenBucket is the token bucket with Greedy, Interval or
-	// IntervalAligned refill. It is the default.
+	// IntervalAligned refill. It is the default, and supports every [Op].
 	TokenBucket Algorithm = iota
+	// GCRA is the generic cell rate algorithm, as in redis_rate and
+	// redis-cell: Redis keeps one theoretical arrival time per bandwidth.
+	// It decides exactly as a TokenBucket with Greedy refill (the refill
+	// kind it requires), Capacity being the burst; it supports every Op.
+	GCRA
+	// FixedWindow counts requests in a window of RefillPeriod that starts
+	// with the first request after the previous window ended (with
+	// IntervalAligned refill: windows aligned to AlignedStart). It allows up
+	// to twice Capacity across a window boundary. RefillTokens must equal
+	// Capacity; Reserve is not supported.
+	FixedWindow
+	// SlidingWindowLog keeps the time of every request taken in the last
+	// RefillPeriod and admits a request only if no window of RefillPeriod
+	// ending now would then hold more than Capacity: exact, with no
+	// boundary burst. It stores up to Capacity timestamps per bucket (of the
+	// bandwidth with the longest period), so Capacity is at most
+	// [MaxLogCapacity]. RefillTokens must equal Capacity; Reserve is not
+	// supported.
+	SlidingWindowLog
+	// SlidingWindowCounter estimates the sliding window from two fixed
+	// windows aligned to the Unix epoch: the current window's count plus the
+	// previous one's, weighted by how much of it the sliding window still
+	// covers. Capacity × RefillPeriod in µs must be at most 2^53.
+	// RefillTokens must equal Capacity; Reserve is not supported.
+	SlidingWindowCounter
+	// LeakyBucket is the leaky bucket as a meter (policing): each request
+	// pours its tokens into a bucket of Capacity that leaks RefillTokens per
+	// RefillPeriod, and is admitted at once if they fit, rejected at once
+	// if not; nothing queues, so Reserve is not supported. It is the
+	// continuous-state form of GCRA and decides as GCRA does.
+	LeakyBucket
+	numAlgorithms
 )
+
+// MaxLogCapacity is the largest Capacity of a [SlidingWindowLog] bandwidth:
+// the log holds up to that many timestamps per bucket.
+const MaxLogCapacity = 10000
+
+var algorithmNames = [...]string{"TokenBucket", "GCRA", "FixedWindow", "SlidingWindowLog", "SlidingWindowCounter", "LeakyBucket"}
 
 // String returns the algorithm's Go name.
 func (a Algorithm) String() string {
-	if a == TokenBucket {
-		return "TokenBucket"
+	if a < numAlgorithms {
+		return algorithmNames[a]
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// Supports reports whether op makes sense for the algorithm. Reserve does
+// only for TokenBucket and GCRA: the window algorithms cannot lend from a
+// later window, and a policing LeakyBucket never queues. [CheckRequest]
+// rejects the others; [Bucket.Wait] polls instead of reserving for them.
+func (a Algorithm) Supports(op Op) bool {
+	if op == Reserve {
+		return a == TokenBucket || a == GCRA
+	}
+	return a < numAlgorithms && op <= Inspect
+}
+
+// windowed reports whether the algorithm counts requests in windows, where
+// a bandwidth is Capacity requests per RefillPeriod.
+func (a Algorithm) windowed() bool {
+	return a == FixedWindow || a == SlidingWindowLog || a == SlidingWindowCounter
 }
 
 // Config describes a bucket. It travels with every call: the backend stores
@@ -70,15 +128,15 @@ type Config struct {
 // wrapping [ErrInvalidConfig] that names the first bad field. It never
 // panics.
 func (c Config) Validate() error {
-	if c.Algorithm != TokenBucket {
-		return invalidConfig("Algorithm %v is not supported", c.Algorithm)
+	if c.Algorithm >= numAlgorithms {
+		return invalidConfig("Algorithm %v is not a known Algorithm", c.Algorithm)
 	}
 	if len(c.Bandwidths) == 0 || len(c.Bandwidths) > MaxBandwidths {
 		return invalidConfig("Bandwidths must have 1 to %d entries, got %d", MaxBandwidths, len(c.Bandwidths))
 	}
 	for i := range c.Bandwidths {
 		b := &c.Bandwidths[i]
-		if err := b.validate(); err != nil {
+		if err := b.validate(c.Algorithm); err != nil {
 			return fmt.Errorf("%w: Bandwidths[%d].%w", ErrInvalidConfig, i, err)
 		}
 		if b.ID == "" {
@@ -107,7 +165,7 @@ func badField(format string, args ...any) error {
 	return fieldError(fmt.Sprintf(format, args...))
 }
 
-func (b *Bandwidth) validate() error {
+func (b *Bandwidth) validate(alg Algorithm) error {
 	if len(b.ID) > MaxIDLen {
 		return badField("ID must be at most %d bytes, got %d", MaxIDLen, len(b.ID))
 	}
@@ -151,18 +209,24 @@ func (b *Bandwidth) validate() error {
 	default:
 		return badField("Refill %v is not a known RefillKind", b.Refill)
 	}
-	return b.validateExact()
+	if err := b.validateFor(alg); err != nil {
+		return err
+	}
+	if alg == SlidingWindowLog || alg == SlidingWindowCounter {
+		return nil // they count requests, not scaled units
+	}
+	return b.validateExact(b.kind(alg))
 }
 
 // validateExact rejects bandwidths whose arithmetic would leave the range
 // that doubles hold exactly.
-func (b *Bandwidth) validateExact() error {
-	if b.Refill == Greedy {
+func (b *Bandwidth) validateExact(kind RefillKind) error {
+	if kind == Greedy {
 		// Cheap sufficient test first: the scale never exceeds the period.
 		if hi, lo := bits.Mul64(uint64(b.Capacity), uint64(b.PeriodMicros())); hi == 0 && lo <= MaxScaled {
 			return nil
 		}
-		scale, _ := b.Units()
+		scale, _ := b.units(Greedy)
 		if hi, lo := bits.Mul64(uint64(b.Capacity), uint64(scale)); hi != 0 || lo > MaxScaled {
 			return badField("Capacity %d refilled greedily by %d per %v takes more than 2^51 scaled units, beyond exact arithmetic: lower Capacity, make RefillTokens divide the period, or use Interval refill",
 				b.Capacity, b.RefillTokens, b.RefillPeriod)
@@ -176,18 +240,66 @@ func (b *Bandwidth) validateExact() error {
 	return nil
 }
 
+// validateFor checks what the algorithm asks of a valid bandwidth beyond
+// the token bucket's rules.
+func (b *Bandwidth) validateFor(alg Algorithm) error {
+	switch {
+	case alg == TokenBucket:
+		return nil
+	case (alg == GCRA || alg == LeakyBucket) && b.Refill != Greedy:
+		return badField("Refill must be Greedy for %v, got %v", alg, b.Refill)
+	case !alg.windowed():
+		return nil
+	case b.RefillTokens != b.Capacity:
+		return badField("RefillTokens must equal Capacity (%d) for %v: a window admits Capacity requests per RefillPeriod, got %d", b.Capacity, alg, b.RefillTokens)
+	case b.InitialTokens != nil && alg != FixedWindow:
+		return badField("InitialTokens must be nil for %v", alg)
+	case b.Refill != Greedy && !(alg == FixedWindow && b.Refill == IntervalAligned):
+		return badField("Refill must be Greedy (the default) for %v, got %v", alg, b.Refill)
+	case alg == SlidingWindowLog && b.Capacity > MaxLogCapacity:
+		return badField("Capacity must be at most %d for SlidingWindowLog, which stores a timestamp per request, got %d", MaxLogCapacity, b.Capacity)
+	case alg == SlidingWindowCounter:
+		if hi, lo := bits.Mul64(uint64(b.Capacity), uint64(b.PeriodMicros())); hi != 0 || lo > maxWeighted {
+			return badField("Capacity × RefillPeriod must be at most 2^53 requests·µs for SlidingWindowCounter, beyond exact arithmetic, got %d per %v", b.Capacity, b.RefillPeriod)
+		}
+	}
+	return nil
+}
+
+// maxWeighted bounds Capacity × RefillPeriod in µs for SlidingWindowCounter,
+// whose weighted counts are products of a count and a time.
+const maxWeighted = 1 << 53
+
 func isIDByte(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
 		c == '-' || c == '_' || c == '.' || c == ':'
 }
 
-// Units returns how [Apply] counts b: scale scaled units make one token,
-// and rate of them accrue every microsecond (Greedy); or scale is 1 and rate
-// is RefillTokens, added once per period (Interval kinds). A backend that
-// computes Apply elsewhere, as the Redis backends' script does, passes them
-// along so that it needs no gcd. b must be valid.
-func (b Bandwidth) Units() (scale, rate int64) {
-	if b.Refill != Greedy {
+// Units returns how [Apply] counts Bandwidths[i] under the config's
+// algorithm: the refill kind it runs (a [FixedWindow] bandwidth refills as
+// Interval, or IntervalAligned, all of its Capacity at once), and scale and
+// rate, where scale scaled units make one token and rate of them accrue
+// every microsecond (Greedy), or scale is 1 and rate is RefillTokens, added
+// once per period (Interval kinds). A backend that computes Apply elsewhere,
+// as the Redis backends' scripts do, passes them along so that it needs no
+// gcd. c must be valid.
+func (c Config) Units(i int) (kind RefillKind, scale, rate int64) {
+	b := &c.Bandwidths[i]
+	kind = b.kind(c.Algorithm)
+	scale, rate = b.units(kind)
+	return kind, scale, rate
+}
+
+// kind is the refill kind Apply runs for b under alg.
+func (b *Bandwidth) kind(alg Algorithm) RefillKind {
+	if alg == FixedWindow && b.Refill == Greedy {
+		return Interval
+	}
+	return b.Refill
+}
+
+func (b *Bandwidth) units(kind RefillKind) (scale, rate int64) {
+	if kind != Greedy {
 		return 1, b.RefillTokens
 	}
 	period := b.PeriodMicros()

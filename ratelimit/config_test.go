@@ -25,7 +25,7 @@ func TestConfigValidate(t *testing.T) {
 		{"per second", cfgOf(PerSecond(1)), ""},
 		{"helpers", cfgOf(PerSecond(10).WithBurst(50).WithID("burst"), PerMinute(100).WithID("minute"), PerHour(1000).WithID("hour")), ""},
 
-		{"unknown algorithm", Config{Algorithm: 1, Bandwidths: []Bandwidth{PerSecond(1)}}, "Algorithm"},
+		{"unknown algorithm", Config{Algorithm: 200, Bandwidths: []Bandwidth{PerSecond(1)}}, "Algorithm"},
 		{"no bandwidths", Config{}, "Bandwidths"},
 		{"MaxBandwidths", many(MaxBandwidths), ""},
 		{"MaxBandwidths+1", many(MaxBandwidths + 1), "Bandwidths"},
@@ -233,7 +233,7 @@ func TestFingerprint(t *testing.T) {
 		"Refill":        func(c *Config) { c.Bandwidths[1].Refill = Greedy },
 		"InitialTokens": func(c *Config) { c.Bandwidths[2].InitialTokens = ptr(int64(11)) },
 		"AlignedStart":  func(c *Config) { c.Bandwidths[2].AlignedStart = time.UnixMicro(1_700_000_000_000_001) },
-		"Algorithm":     func(c *Config) { c.Algorithm = 1 },
+		"Algorithm":     func(c *Config) { c.Algorithm = 200 },
 		"order":         func(c *Config) { c.Bandwidths[0], c.Bandwidths[1] = c.Bandwidths[1], c.Bandwidths[0] },
 		"one more":      func(c *Config) { c.Bandwidths = append(c.Bandwidths, PerSecond(1)) },
 		"one fewer":     func(c *Config) { c.Bandwidths = c.Bandwidths[:2] },

@@ -12,6 +12,10 @@ type State struct {
 	// Fingerprint is the [Config.Fingerprint] of the config that built the
 	// state.
 	Fingerprint uint64
+	// Algorithm is the algorithm that built the state. A state is only
+	// carried over to a config of the same algorithm; a change of algorithm
+	// starts the bucket afresh.
+	Algorithm Algorithm
 	// ExpiresAt is when, in µs, the state becomes the same as an absent
 	// bucket's: when every bandwidth is full again if nothing is taken
 	// meanwhile, plus, for a config with InitialTokens below Capacity, the
@@ -22,19 +26,29 @@ type State struct {
 	ExpiresAt int64
 	// Bands holds one entry per bandwidth of that config.
 	Bands []BandState
+	// Log holds, for [SlidingWindowLog], the times in µs of the tokens
+	// taken within the longest RefillPeriod, oldest first, one entry per
+	// token. It is nil for the other algorithms.
+	Log []int64
 }
 
 // BandState is the state of one bandwidth. Besides the level and the time,
 // it keeps what a config change needs to carry tokens over (the
 // bandwidth's ID, capacity and scale) and, so that a decision needs no gcd
-// and no division to refill, its rate.
+// and no division to refill, its refill kind and rate.
+//
+// For [SlidingWindowCounter], Level is the requests counted in the current
+// window, Prev those of the previous window, and Stamp the current window's
+// start. For [SlidingWindowLog] only ID and Capacity are used.
 type BandState struct {
-	ID       string // the bandwidth's ID
-	Capacity int64  // the bandwidth's capacity, in tokens
-	Scale    int64  // scaled units per token
-	Rate     int64  // scaled units gained per µs (Greedy) or tokens per period (Interval kinds)
-	Level    int64  // scaled units held; negative once reserved ahead
-	Stamp    int64  // µs: last refill (Greedy) or start of the current period (Interval kinds)
+	ID       string     // the bandwidth's ID
+	Capacity int64      // the bandwidth's capacity, in tokens
+	Kind     RefillKind // how Apply refills it (see [Config.Units])
+	Scale    int64      // scaled units per token
+	Rate     int64      // scaled units gained per µs (Greedy) or tokens per period (Interval kinds)
+	Level    int64      // scaled units held; negative once reserved ahead
+	Stamp    int64      // µs: last refill (Greedy) or start of the current period (Interval kinds)
+	Prev     int64      // SlidingWindowCounter: the previous window's count
 }
 
 // Apply applies req to s under cfg at time now, in microseconds on the
@@ -52,10 +66,21 @@ type BandState struct {
 // period in µs). Refill is then exact, and the wait for n tokens is
 // ceil((n×Scale − Level)/Rate) µs. Interval kinds count whole tokens and add
 // RefillTokens at each period boundary.
+//
+// GCRA and LeakyBucket run the Greedy token bucket, which they equal
+// decision for decision, and FixedWindow the Interval one with RefillTokens
+// equal to Capacity; SlidingWindowLog and SlidingWindowCounter have their
+// own math.
 func Apply(s *State, cfg Config, req Request, now int64) (d Decision) {
+	switch cfg.Algorithm {
+	case SlidingWindowLog:
+		return applyLog(s, cfg, req, now)
+	case SlidingWindowCounter:
+		return applyCounter(s, cfg, req, now)
+	}
 	fp := cfg.Fingerprint()
 	switch {
-	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt:
+	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt || s.Algorithm != cfg.Algorithm:
 		s.init(cfg, fp, now)
 	case req.Op == Replace || s.Fingerprint != fp:
 		s.convert(cfg, fp, req.Strategy, now)
@@ -115,14 +140,15 @@ func (s *State) init(cfg Config, fp uint64, now int64) {
 	}
 	s.Bands = s.Bands[:len(cfg.Bandwidths)]
 	for i := range cfg.Bandwidths {
-		s.Bands[i] = fresh(&cfg.Bandwidths[i], now)
+		s.Bands[i] = fresh(&cfg.Bandwidths[i], cfg.Algorithm, now)
 	}
-	s.Fingerprint = fp
+	s.Fingerprint, s.Algorithm, s.Log = fp, cfg.Algorithm, nil
 }
 
-func fresh(b *Bandwidth, now int64) BandState {
-	scale, rate := b.Units()
-	return BandState{ID: b.ID, Capacity: b.Capacity, Scale: scale, Rate: rate, Level: b.Initial() * scale, Stamp: periodStart(b, now)}
+func fresh(b *Bandwidth, alg Algorithm, now int64) BandState {
+	kind := b.kind(alg)
+	scale, rate := b.units(kind)
+	return BandState{ID: b.ID, Capacity: b.Capacity, Kind: kind, Scale: scale, Rate: rate, Level: b.Initial() * scale, Stamp: periodStart(b, now)}
 }
 
 // periodStart is the stamp of a bandwidth that is full at now: the
@@ -141,7 +167,7 @@ func (s *State) convert(cfg Config, fp uint64, strategy Inheritance, now int64) 
 	s.Bands = make([]BandState, len(cfg.Bandwidths))
 	for i := range cfg.Bandwidths {
 		b := &cfg.Bandwidths[i]
-		s.Bands[i] = fresh(b, now)
+		s.Bands[i] = fresh(b, cfg.Algorithm, now)
 		j := match(old, b.ID, i)
 		if strategy == ResetTokens || j < 0 {
 			continue
@@ -223,7 +249,7 @@ func refill(b *Bandwidth, st *BandState, now int64) {
 		st.Stamp = periodStart(b, now)
 		return
 	}
-	if b.Refill == Greedy {
+	if st.Kind == Greedy {
 		if hi, lo := bits.Mul64(uint64(elapsed), uint64(st.Rate)); hi != 0 || lo >= uint64(full-st.Level) {
 			st.Level = full
 		} else {
@@ -252,7 +278,7 @@ func timeTo(b *Bandwidth, st *BandState, level, now int64) int64 {
 	if short <= 0 {
 		return 0
 	}
-	if b.Refill == Greedy {
+	if st.Kind == Greedy {
 		return ceilDiv(short, st.Rate) + max(0, st.Stamp-now)
 	}
 	return st.Stamp + ceilDiv(short, st.Rate)*b.PeriodMicros() - now
@@ -263,7 +289,7 @@ func timeTo(b *Bandwidth, st *BandState, level, now int64) int64 {
 // debt.
 func minLevel(b *Bandwidth, st *BandState) int64 {
 	full := st.Capacity * st.Scale
-	if b.Refill != Greedy {
+	if st.Kind != Greedy {
 		return max(-MaxScaled, full-maxHorizon/b.PeriodMicros()*st.Rate)
 	}
 	hi, lo := bits.Mul64(maxHorizon, uint64(st.Rate))

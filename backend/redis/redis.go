@@ -98,7 +98,14 @@ func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
 	return b, nil
 }
 
-var tokenBucket = redis.NewScript(redisscript.TokenBucket)
+// scripts are redisscript.Scripts, ready to run.
+var scripts = func() []*redis.Script {
+	s := make([]*redis.Script, len(redisscript.Scripts))
+	for i, src := range redisscript.Scripts {
+		s[i] = redis.NewScript(src.Source)
+	}
+	return s
+}()
 
 // Do applies req to the bucket at key in one script call; see
 // [ratelimit.Backend].
@@ -107,7 +114,7 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
-	reply, err := tokenBucket.Run(ctx, b.client, []string{call.Key}, call.Arg).Int64Slice()
+	reply, err := scripts[call.Script].Run(ctx, b.client, []string{call.Key}, call.Arg).Int64Slice()
 	if err != nil {
 		return ratelimit.Decision{}, redisscript.Error(err, fmt.Sprintf("sluice/redis: %v on key %q", req.Op, key))
 	}
@@ -144,8 +151,10 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 	)
 	check := func(ctx context.Context, addr string, c redis.Cmdable) error {
 		info, err := c.Info(ctx).Result()
-		if err == nil {
-			err = tokenBucket.Load(ctx, c).Err()
+		for _, script := range scripts {
+			if err == nil {
+				err = script.Load(ctx, c).Err()
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", addr, err)

@@ -92,7 +92,14 @@ func New(client rueidis.Client, opts ...Option) (*Backend, error) {
 	return b, nil
 }
 
-var tokenBucket = rueidis.NewLuaScript(redisscript.TokenBucket)
+// scripts are redisscript.Scripts, ready to run.
+var scripts = func() []*rueidis.Lua {
+	s := make([]*rueidis.Lua, len(redisscript.Scripts))
+	for i, src := range redisscript.Scripts {
+		s[i] = rueidis.NewLuaScript(src.Source)
+	}
+	return s
+}()
 
 // Do applies req to the bucket at key in one script call; see
 // [ratelimit.Backend].
@@ -101,7 +108,7 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
-	reply, err := tokenBucket.Exec(ctx, b.client, []string{call.Key}, []string{call.Arg}).AsIntSlice()
+	reply, err := scripts[call.Script].Exec(ctx, b.client, []string{call.Key}, []string{call.Arg}).AsIntSlice()
 	if err != nil {
 		return ratelimit.Decision{}, redisscript.Error(err, fmt.Sprintf("sluice/rueidis: %v on key %q", req.Op, key))
 	}
@@ -132,8 +139,10 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 	var servers []Server
 	for addr, c := range b.client.Nodes() {
 		info, err := c.Do(ctx, c.B().Info().Build()).ToString()
-		if err == nil {
-			err = c.Do(ctx, c.B().ScriptLoad().Script(redisscript.TokenBucket).Build()).Error()
+		for _, script := range redisscript.Scripts {
+			if err == nil {
+				err = c.Do(ctx, c.B().ScriptLoad().Script(script.Source).Build()).Error()
+			}
 		}
 		if err != nil {
 			return Report{}, redisscript.Error(fmt.Errorf("%s: %w", addr, err), "sluice/rueidis: Check")

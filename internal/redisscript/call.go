@@ -26,14 +26,16 @@ type Call struct {
 	Key string
 	// Arg is the packed request, ARGV[1].
 	Arg string
-	cfg ratelimit.Config
+	// Script is the index in [Scripts] of the script to run.
+	Script int
+	cfg    ratelimit.Config
 }
 
 // NewCall packs req on cfg for the bucket at key. now is the time in µs
 // since 1970 to decide at, or [ServerClock]. cfg and req must have passed
 // [ratelimit.CheckRequest]. The Call keeps cfg until [Call.Decision].
 func NewCall(prefix, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) Call {
-	const header, perBand = 8 + 1 + 8 + 8 + 1 + 8 + 1, 1 + 6*8 + 1
+	const header, perBand = 8 + 1 + 8 + 8 + 1 + 8 + 1 + 1, 1 + 6*8 + 1
 	size := header
 	for i := range cfg.Bandwidths {
 		size += perBand + len(cfg.Bandwidths[i].ID)
@@ -54,14 +56,15 @@ func NewCall(prefix, key string, cfg ratelimit.Config, req ratelimit.Request, no
 	b.WriteByte(byte(req.Strategy))
 	num(now)
 	b.WriteByte(byte(len(cfg.Bandwidths)))
+	b.WriteByte(byte(cfg.Algorithm))
 	for i := range cfg.Bandwidths {
 		bw := &cfg.Bandwidths[i]
-		scale, rate := bw.Units()
+		kind, scale, rate := cfg.Units(i)
 		var start int64
-		if bw.Refill == ratelimit.IntervalAligned {
+		if kind == ratelimit.IntervalAligned {
 			start = bw.AlignedStart.UnixMicro()
 		}
-		b.WriteByte(byte(bw.Refill))
+		b.WriteByte(byte(kind))
 		num(bw.Capacity)
 		num(scale)
 		num(rate)
@@ -71,7 +74,7 @@ func NewCall(prefix, key string, cfg ratelimit.Config, req ratelimit.Request, no
 		b.WriteByte(byte(len(bw.ID)))
 		b.WriteString(bw.ID)
 	}
-	return Call{Key: Key(prefix, key), Arg: b.String(), cfg: cfg}
+	return Call{Key: Key(prefix, key), Arg: b.String(), Script: scriptFor[cfg.Algorithm], cfg: cfg}
 }
 
 // replyLen is the length of the script's reply: allowed, consumed, limit,

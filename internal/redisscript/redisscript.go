@@ -26,11 +26,53 @@ package redisscript
 
 import (
 	_ "embed" // for the scripts
+
+	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// TokenBucket is the Lua source of the token-bucket script. KEYS[1] is the
-// bucket's key (see [Key]); ARGV[1] is a request packed by [NewCall]. The
-// reply is decoded by [Call.Decision].
-//
-//go:embed tokenbucket.lua
-var TokenBucket string
+// A Script is one of the Lua scripts.
+type Script struct {
+	// Name is the script's file name without .lua.
+	Name string
+	// Source is the Lua source. KEYS[1] is the bucket's key (see [Key]);
+	// ARGV[1] is a request packed by [NewCall]. The reply is decoded by
+	// [Call.Decision].
+	Source string
+}
+
+var (
+	//go:embed prelude.lua
+	prelude string
+	//go:embed tokenbucket.lua
+	tokenBucket string
+	//go:embed gcra.lua
+	gcra string
+	//go:embed fixedwindow.lua
+	fixedWindow string
+	//go:embed slidinglog.lua
+	slidingLog string
+	//go:embed slidingcounter.lua
+	slidingCounter string
+)
+
+// Scripts are the scripts, one per algorithm but for LeakyBucket, which is
+// GCRA in its continuous-state form and runs GCRA's. Each is prelude.lua,
+// what they share, followed by the algorithm's file. [Call.Script] indexes
+// it; a backend loads them all.
+var Scripts = []Script{
+	{"tokenbucket", prelude + tokenBucket},
+	{"gcra", prelude + gcra},
+	{"fixedwindow", prelude + fixedWindow},
+	{"slidinglog", prelude + slidingLog},
+	{"slidingcounter", prelude + slidingCounter},
+}
+
+// scriptFor maps each algorithm to its script in Scripts.
+var scriptFor = [...]int{
+	ratelimit.TokenBucket:          0,
+	ratelimit.GCRA:                 1,
+	ratelimit.FixedWindow:          2,
+	ratelimit.SlidingWindowLog:     3,
+	ratelimit.SlidingWindowCounter: 4,
+	ratelimit.LeakyBucket:          1,
+}

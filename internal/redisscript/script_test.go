@@ -31,7 +31,7 @@ func newClient(t *testing.T) *redis.Client {
 	return c
 }
 
-var script = redis.NewScript(redisscript.TokenBucket)
+var script = redis.NewScript(redisscript.Scripts[0].Source)
 
 // step is one request of a sequence and what the server did with it.
 type step struct {
@@ -63,7 +63,7 @@ func TestScriptMatchesApply(t *testing.T) {
 	for seed := range uint64(sequences) {
 		r := rand.New(rand.NewPCG(seed, 0x1ea))
 		big := r.IntN(3) == 0
-		cfgs := [2]ratelimit.Config{redistest.RandConfig(r, big), redistest.RandConfig(r, big)}
+		cfgs := [2]ratelimit.Config{redistest.RandConfig(r, ratelimit.TokenBucket, big), redistest.RandConfig(r, ratelimit.TokenBucket, big)}
 		key := fmt.Sprintf("seq:%d", seed)
 		now := r.Int64N(1 << 51)
 		if !big {
@@ -138,7 +138,7 @@ func TestScriptMatchesApply(t *testing.T) {
 }
 
 // storedForm is s as the script stores it: each level as whole tokens
-// (with Scale 1) and a fraction, and no rate.
+// (with Scale 1) and a fraction, and no rate or kind.
 func storedForm(s ratelimit.State) (ratelimit.State, []int64) {
 	out := s
 	out.Bands = slices.Clone(s.Bands)
@@ -150,7 +150,7 @@ func storedForm(s ratelimit.State) (ratelimit.State, []int64) {
 			tokens--
 		}
 		fractions = append(fractions, b.Level-tokens*b.Scale)
-		b.Level, b.Scale, b.Rate = tokens, 1, 0
+		b.Level, b.Scale, b.Rate, b.Kind = tokens, 1, 0, 0
 	}
 	return out, fractions
 }

@@ -7,40 +7,62 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// decodeState parses a stored value (the layout is in tokenbucket.lua) into
-// the ratelimit.State it stands for. Rate and Scale are not stored, and
-// Level is stored as whole tokens and a fraction: decodeState sets Scale to
-// 1 and Level to the whole tokens, and the fraction is returned alongside.
-func decodeState(v []byte) (s ratelimit.State, fractions []int64, err error) {
-	if len(v) < 17 || v[0] < 16 || v[0] >= 32 {
-		return s, nil, fmt.Errorf("value %x: no header", v)
+// storedBand is one bandwidth of a stored value in prelude.lua's layout:
+// its two (unsigned, signed) pairs and its ID.
+type storedBand struct {
+	U1, S1, U2, S2 int64
+	ID             string
+}
+
+// decodeStored parses a value in prelude.lua's layout written for alg.
+func decodeStored(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64, bands []storedBand, err error) {
+	format := 16 * (int(alg) + 1)
+	if len(v) < 17 || int(v[0]) < format || int(v[0]) >= format+16 {
+		return 0, 0, nil, fmt.Errorf("value %x: no %v header", v, alg)
 	}
-	n := int(v[0]) - 15
-	s.Fingerprint = binary.LittleEndian.Uint64(v[1:9])
-	s.ExpiresAt = int64(uint(v[9]) | uint(v[10])<<8 | uint(v[11])<<16 | uint(v[12])<<24 | uint(v[13])<<32 | uint(v[14])<<40 | uint(v[15])<<48)
+	n := int(v[0]) - format + 1
+	fp = binary.LittleEndian.Uint64(v[1:9])
+	expiry = int64(uintN(v[9:], 7))
 	if len(v) < 16+n {
-		return s, nil, fmt.Errorf("value %x: no widths", v)
+		return 0, 0, nil, fmt.Errorf("value %x: no widths", v)
 	}
 	widths, r := v[16:16+n], v[16+n:]
 	for _, w := range widths {
-		wt, wf := int(w>>4), int(w&15)
-		if wt < 1 || wt > 7 || wf < 1 || wf > 7 || len(r) < 2*wt+2*wf+1 {
-			return s, nil, fmt.Errorf("value %x: bad widths or truncated", v)
+		w1, w2 := int(w>>4), int(w&15)
+		if w1 < 1 || w1 > 7 || w2 < 1 || w2 > 7 || len(r) < 2*w1+2*w2+1 {
+			return 0, 0, nil, fmt.Errorf("value %x: bad widths or truncated", v)
 		}
-		b := ratelimit.BandState{Scale: 1}
-		b.Capacity, r = int64(uintN(r, wt)), r[wt:]
-		b.Level, r = intN(r, wt), r[wt:]
-		fractions, r = append(fractions, int64(uintN(r, wf))), r[wf:]
-		b.Stamp, r = s.ExpiresAt-intN(r, wf), r[wf:]
+		var b storedBand
+		b.U1, r = int64(uintN(r, w1)), r[w1:]
+		b.S1, r = intN(r, w1), r[w1:]
+		b.U2, r = int64(uintN(r, w2)), r[w2:]
+		b.S2, r = intN(r, w2), r[w2:]
 		idlen := int(r[0])
 		if len(r) < 1+idlen {
-			return s, nil, fmt.Errorf("value %x: ID runs past the end", v)
+			return 0, 0, nil, fmt.Errorf("value %x: ID runs past the end", v)
 		}
 		b.ID, r = string(r[1:1+idlen]), r[1+idlen:]
-		s.Bands = append(s.Bands, b)
+		bands = append(bands, b)
 	}
 	if len(r) != 0 {
-		return s, nil, fmt.Errorf("value %x: %d bytes left over", v, len(r))
+		return 0, 0, nil, fmt.Errorf("value %x: %d bytes left over", v, len(r))
+	}
+	return fp, expiry, bands, nil
+}
+
+// decodeState parses a token bucket's stored value into the
+// ratelimit.State it stands for. Rate, Scale and Kind are not stored, and
+// Level is stored as whole tokens and a fraction: decodeState sets Scale to
+// 1 and Level to the whole tokens, and the fraction is returned alongside.
+func decodeState(v []byte) (s ratelimit.State, fractions []int64, err error) {
+	fp, expiry, bands, err := decodeStored(v, ratelimit.TokenBucket)
+	if err != nil {
+		return s, nil, err
+	}
+	s.Fingerprint, s.ExpiresAt = fp, expiry
+	for _, b := range bands {
+		s.Bands = append(s.Bands, ratelimit.BandState{ID: b.ID, Capacity: b.U1, Scale: 1, Level: b.S1, Stamp: expiry - b.S2})
+		fractions = append(fractions, b.U2)
 	}
 	return s, fractions, nil
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-var scriptSHA = redis.NewScript(redisscript.TokenBucket).Hash()
+var scriptSHA = redis.NewScript(redisscript.Scripts[0].Source).Hash()
 
 // testScriptCache: the server forgets scripts on SCRIPT FLUSH, restart and
 // failover; the next decision sends the script again (NOSCRIPT, then EVAL)

@@ -74,7 +74,7 @@ func testMatchesMemory(t *testing.T, a Adapter, top topology) {
 		clock := ratelimittest.NewClock(start)
 		b, closeClient := a.Connect(t, top.addrs, top.cluster, Options{Clock: clock})
 		mem := memory.New(memory.WithClock(clock))
-		cfgs := [2]ratelimit.Config{RandConfig(r, false), RandConfig(r, false)}
+		cfgs := [2]ratelimit.Config{RandConfig(r, ratelimit.TokenBucket, false), RandConfig(r, ratelimit.TokenBucket, false)}
 		key := fmt.Sprintf("matches-memory:%d:%d", run, seed)
 		cur := 0
 		for i := range steps {

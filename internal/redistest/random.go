@@ -24,12 +24,13 @@ func Advance(r *rand.Rand, now int64, big bool) int64 {
 	return min(max(now, 0), 1<<52-1)
 }
 
-// RandConfig returns a valid config of 1 to 3 bandwidths of every kind:
-// small numbers that refill within a few steps, or (big) numbers near the
-// limits of the accepted range, where Lua's doubles would first go wrong.
-func RandConfig(r *rand.Rand, big bool) ratelimit.Config {
+// RandConfig returns a valid config for alg of 1 to 3 bandwidths of every
+// kind alg takes: small numbers that refill within a few steps, or (big)
+// numbers near the limits of the accepted range, where Lua's doubles would
+// first go wrong.
+func RandConfig(r *rand.Rand, alg ratelimit.Algorithm, big bool) ratelimit.Config {
 	for {
-		var cfg ratelimit.Config
+		cfg := ratelimit.Config{Algorithm: alg}
 		ids := []string{"", "", "a", "b", "c"}
 		for range 1 + r.IntN(3) {
 			id := ids[r.IntN(len(ids))]
@@ -53,12 +54,42 @@ func RandConfig(r *rand.Rand, big bool) ratelimit.Config {
 			if r.IntN(3) == 0 {
 				b = b.WithInitialTokens(r.Int64N(b.Capacity + 1))
 			}
-			cfg.Bandwidths = append(cfg.Bandwidths, b)
+			cfg.Bandwidths = append(cfg.Bandwidths, fitBandwidth(r, alg, b))
 		}
 		if cfg.Validate() == nil {
 			return cfg
 		}
 	}
+}
+
+// fitBandwidth bends a random token-bucket bandwidth into one alg takes.
+func fitBandwidth(r *rand.Rand, alg ratelimit.Algorithm, b ratelimit.Bandwidth) ratelimit.Bandwidth {
+	switch alg {
+	case ratelimit.GCRA, ratelimit.LeakyBucket:
+		b.Refill, b.AlignedStart = ratelimit.Greedy, time.Time{}
+	case ratelimit.FixedWindow, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter:
+		if alg != ratelimit.FixedWindow || b.Refill != ratelimit.IntervalAligned {
+			b.Refill, b.AlignedStart = ratelimit.Greedy, time.Time{}
+		}
+		if alg != ratelimit.FixedWindow {
+			b.InitialTokens = nil
+		}
+		period := b.PeriodMicros()
+		switch alg {
+		case ratelimit.SlidingWindowLog:
+			// Logs of a few hundred entries: the cap is about memory, not math.
+			b.Capacity = 1 + b.Capacity%min(period, 300)
+		case ratelimit.SlidingWindowCounter:
+			b.Capacity = 1 + b.Capacity%min(period, (1<<53)/period)
+		default:
+			b.Capacity = 1 + b.Capacity%period
+		}
+		b.RefillTokens = b.Capacity
+		if b.InitialTokens != nil {
+			b = b.WithInitialTokens(r.Int64N(b.Capacity + 1))
+		}
+	}
+	return b
 }
 
 // RandRequest returns a valid request for cfg, mostly ones that take.
@@ -98,6 +129,9 @@ func RandRequest(r *rand.Rand, cfg ratelimit.Config) ratelimit.Request {
 		req.Op = ratelimit.Replace
 	default:
 		req.Op = ratelimit.Inspect
+	}
+	if !cfg.Algorithm.Supports(req.Op) {
+		req.Op, req.MaxWait = ratelimit.Consume, 0
 	}
 	return req
 }

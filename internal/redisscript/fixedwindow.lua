@@ -1,0 +1,1 @@
+return redis.error_reply('sluice: fixedwindow is not written yet')

@@ -1,0 +1,278 @@
+-- sluice script prelude: what every script shares. Scripts() prepends it to
+-- each algorithm's file, so a script is this chunk followed by that file,
+-- run as one: the locals here are the algorithm's too.
+--
+-- ARGV[1] is the request, packed by NewCall in call.go (little-endian):
+--   c8 fingerprint, B op, d tokens, d max wait (µs), B strategy,
+--   d now (µs; negative: use the server's TIME), B bandwidth count,
+--   B algorithm, then per bandwidth: B refill kind, d capacity, d scale,
+--   d rate, d period (µs), d initial tokens, d aligned start (µs), B ID
+--   length, c ID.
+--
+-- The reply is {allowed, consumed, limit, remaining, retry after (µs),
+-- reset after (µs), binding bandwidth index (0-based)}.
+--
+-- Lua numbers are doubles. Every integer here stays within 2^53, where
+-- doubles are exact (ratelimit.Config.Validate bounds the inputs for that),
+-- and every division rounds exactly (see below). Products that could pass
+-- 2^53 are only compared, never stored: a rounded product that reaches 2^53
+-- is still larger than anything it is compared with.
+--
+-- The scripts run for every decision, so they are written for Redis's Lua,
+-- where (counted with callgrind on redis-server 7.0.15) a function call,
+-- Lua or C, costs about ten times an arithmetic operation, and a table or
+-- string made costs a few thousand instructions. Hence:
+--
+--   - data lives in a handful of flat arrays indexed by bandwidth;
+--   - floor(a/b), for b > 0, is written (a - a % b) / b and ceil(a/b) as
+--     (a + -a % b) / b: % is an operation, math.floor a call. Both are
+--     exact for integers below 2^53: a % b is a - floor(a/b)·b, and a/b
+--     rounded never crosses an integer (a quotient that is not whole lies
+--     at least 1/b from one; rounding moves it by at most (a/b)·2^-53);
+--   - min and max are comparisons, not calls.
+
+local GREEDY, INTERVAL, ALIGNED = 0, 1, 2
+local CONSUME, ESTIMATE, RESERVE, CONSUME_UP_TO, ADD, RESET, REPLACE, INSPECT = 0, 1, 2, 3, 4, 5, 6, 7
+local RESET_TOKENS, PROPORTIONALLY, ADDITIVE = 1, 2, 3
+local SATURATED = 2 ^ 53
+local GRACE = 60000 -- ms a key outlives its expiry on a caller's clock
+
+local byte, rep = string.byte, string.rep
+
+-- The request: one unpack. cfg holds the header, then 8 fields per
+-- bandwidth; bandwidth i's field F is cfg[8 * i + F].
+local count = byte(ARGV[1], 35)
+local cfg
+do
+  local format = '<c8BddBdBBBddddddBc0'
+  if count > 1 then
+    format = format .. rep('BddddddBc0', count - 1)
+  end
+  cfg = {struct.unpack(format, ARGV[1])}
+end
+local fp, op, tokens, maxWait, strategy, now, algorithm = cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[8]
+local KIND, CAP, SCALE, RATE, PERIOD, INITIAL, START, ID = 1, 2, 3, 4, 5, 6, 7, 8
+
+local clockGiven = now >= 0
+if not clockGiven then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2] -- Lua converts the strings
+end
+
+-- The scripts that keep a bucket in a string share its layout (the tests
+-- decode it in state_test.go):
+--   B FORMAT + bandwidth count - 1, c8 fingerprint, I7 expiry (µs), then a
+--   byte per bandwidth giving the widths of its fields (high nibble: of the
+--   first pair; low nibble: of the second), then per bandwidth two pairs of
+--   an unsigned and a signed integer, each pair in n bytes (1 to 7) as its
+--   width byte says, then B ID length, c ID.
+-- What the pairs hold is each algorithm's. Each algorithm has its own 16
+-- formats, from 16 × (algorithm + 1): a value in another algorithm's is a
+-- bucket whose algorithm changed, and it starts afresh.
+local FORMAT, FORMATS_END = 16 * (algorithm + 1), 112
+
+-- PAIRS[w] is struct's format for an unsigned and a signed integer of w
+-- bytes, spelled out: building it from w would format w with sprintf.
+local PAIRS = {'I1i1', 'I2i2', 'I3i3', 'I4i4', 'I5i5', 'I6i6', 'I7i7'}
+
+-- A decoded state's fields: old[2] is the fingerprint, old[3] the expiry,
+-- and bandwidth j's field F is old[5 * j + F].
+local OLD_U1, OLD_S1, OLD_U2, OLD_S2, OLD_ID = -1, 0, 1, 2, 3
+
+-- decodeState returns the bandwidth count, fingerprint, expiry and fields
+-- of the state in v, or nothing if v is not shaped like a state.
+local function decodeState(v)
+  local n = byte(v, 1) - FORMAT + 1
+  -- From the fingerprint on: it, the expiry, the width bytes skipped, then
+  -- each bandwidth.
+  local format = '<c8I7x'
+  if n > 1 then
+    format = format .. rep('x', n - 1)
+  end
+  for j = 1, n do
+    local w = byte(v, 16 + j) or 0
+    local w2 = w % 16
+    local w1 = (w - w2) / 16
+    if w1 < 1 or w1 > 7 or w2 < 1 or w2 > 7 then
+      return
+    end
+    format = format .. PAIRS[w1] .. PAIRS[w2] .. 'Bc0'
+  end
+  local old = {pcall(struct.unpack, format, v, 2)}
+  if not old[1] or old[#old] ~= #v + 1 then
+    return
+  end
+  return n, old[2], old[3], old
+end
+
+-- width is the fewest bytes (1 to 7) that hold the unsigned u and, in two's
+-- complement, the signed s; 8 if none do.
+local function width(u, s)
+  if s < 0 then
+    s = -s - 1
+  end
+  s = 2 * s
+  if s > u then
+    u = s
+  end
+  local w, limit = 1, 256
+  while u >= limit do
+    w, limit = w + 1, limit * 256
+  end
+  return w
+end
+
+-- encodeState packs the state of cfg's bandwidths to expire at exp, where
+-- bandwidth i's pairs are (p[4i-3], p[4i-2]) and (p[4i-1], p[4i]); nil if a
+-- field is out of range.
+local function encodeState(p, exp)
+  local format = '<Bc8I7B'
+  if count > 1 then
+    format = format .. rep('B', count - 1)
+  end
+  -- Sized for one bandwidth; more grow it.
+  local fields = {FORMAT + count - 1, fp, exp, 0, 0, 0, 0, 0, 0, 0}
+  for i = 1, count do
+    local u1, s1, u2, s2 = p[4 * i - 3], p[4 * i - 2], p[4 * i - 1], p[4 * i]
+    local w1, w2 = width(u1, s1), width(u2, s2)
+    if w1 > 7 or w2 > 7 or u1 < 0 or u2 < 0 then
+      return nil -- only a corrupt state read earlier gets here
+    end
+    fields[3 + i] = 16 * w1 + w2
+    format = format .. PAIRS[w1] .. PAIRS[w2] .. 'Bc0'
+    local at, id = 3 + count + 6 * (i - 1), cfg[8 * i + ID]
+    fields[at + 1], fields[at + 2], fields[at + 3], fields[at + 4], fields[at + 5], fields[at + 6] =
+      u1, s1, u2, s2, #id, id
+  end
+  return struct.pack(format, unpack(fields, 1, 3 + 7 * count))
+end
+
+local function corrupt()
+  return redis.error_reply('sluice: corrupt state at key ' .. KEYS[1])
+end
+
+-- readState reads the bucket's string: it returns the value, the
+-- bandwidth count, fingerprint, expiry and fields decoded from it; false
+-- when the key is absent or holds another algorithm's state; or nil and the
+-- error to reply.
+local function readState()
+  -- pcall: a sliding log's key holds a sorted set, and GET on it fails.
+  local v = redis.pcall('GET', KEYS[1])
+  if type(v) == 'table' then
+    if not string.find(v.err, '^WRONGTYPE') then
+      return nil, v
+    end
+    return false
+  elseif not v then
+    return false
+  end
+  local head = byte(v, 1)
+  if head < 16 or head >= FORMATS_END then
+    return nil, redis.error_reply('sluice: key ' .. KEYS[1] .. ' holds a value sluice did not write')
+  elseif head < FORMAT or head >= FORMAT + 16 then
+    return false
+  end
+  local n, oldFp, exp, old = decodeState(v)
+  if n == nil then
+    return nil, corrupt()
+  end
+  return v, n, oldFp, exp, old
+end
+
+-- store writes the state v (from encodeState) to expire at expiry, or
+-- deletes the key when the state already equals a new bucket's (expiry at
+-- or before now). kept is the expiry of the state read, if this
+-- algorithm's state was there.
+--
+-- On the server's clock the key expires (PXAT) at the end of the whole
+-- second in which the state comes to equal a new bucket's. Keys so linger
+-- up to a second longer than they must, but a call that leaves the expiry
+-- within the second of the stored state's keeps the key's TTL (KEEPTTL),
+-- which costs Redis half as much as setting one. A caller's clock need not
+-- keep pace with the server's, so with one the key lives a minute longer
+-- than its expiry on that clock; the expiry in the state still decides.
+local function store(v, expiry, kept)
+  if expiry <= now then
+    redis.call('DEL', KEYS[1])
+  elseif clockGiven then
+    local ms = expiry - now
+    redis.call('SET', KEYS[1], v, 'PX', (ms + -ms % 1000) / 1000 + GRACE)
+  elseif kept and expiry <= kept + -kept % 1000000 then
+    redis.call('SET', KEYS[1], v, 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[1], v, 'PXAT', (expiry + -expiry % 1000000) / 1000)
+  end
+end
+
+-- mulDivFloor is floor(a*b/c) for 1 <= b, c <= 2^50 and |a| <= 2^52,
+-- exact, saturating at ±2^53 where the result passes 2^52 (the caller
+-- clamps it to less than that).
+local function mulDivFloor(a, b, c)
+  local neg = a < 0
+  if neg then
+    a = -a
+  end
+  local whole = (a - a % c) / c
+  if whole > 0 and whole > 2 ^ 52 / b then
+    return neg and -SATURATED or SATURATED
+  end
+  -- a*b = whole*b*c + part*b; part*b/c by binary long multiplication,
+  -- keeping the remainder below c so that nothing passes 2^52.
+  local part = a - whole * c
+  local q, r = 0, 0
+  for k = 51, 0, -1 do
+    q, r = q * 2, r * 2
+    if r >= c then
+      q, r = q + 1, r - c
+    end
+    if b % 2 ^ (k + 1) >= 2 ^ k then
+      r = r + part
+      if r >= c then
+        q, r = q + 1, r - c
+      end
+    end
+  end
+  q = q + whole * b
+  if neg then
+    if r > 0 then
+      q = q + 1
+    end
+    return -q
+  end
+  return q
+end
+
+-- inherit is the whole tokens t a bandwidth keeps, by the request's
+-- strategy (not ResetTokens), when its capacity goes from oldCap to newCap,
+-- as inherit in ratelimit/tokenbucket.go.
+local function inherit(t, oldCap, newCap)
+  if strategy == PROPORTIONALLY then
+    return mulDivFloor(t, newCap, oldCap)
+  end
+  if t > newCap then
+    t = newCap
+  end
+  if strategy == ADDITIVE and newCap > oldCap then
+    t = t + newCap - oldCap
+  end
+  return t
+end
+
+-- match finds the bandwidth of a decoded state of n bandwidths that
+-- bandwidth i inherits from: the one with its ID, or with no ID at its
+-- position; nil if none.
+local function match(i, old, n)
+  local id = cfg[8 * i + ID]
+  if id == '' then
+    if i <= n and old[5 * i + OLD_ID] == '' then
+      return i
+    end
+    return nil
+  end
+  for j = 1, n do
+    if old[5 * j + OLD_ID] == id then
+      return j
+    end
+  end
+  return nil
+end
