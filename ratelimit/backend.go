@@ -62,6 +62,12 @@ func (o Op) String() string {
 // bandwidth with no match starts as in a new bucket. Tokens carry over
 // whole, fractions dropped, and the time since the bucket was last touched
 // refills at the new rate.
+//
+// The window algorithms (FixedWindow, SlidingWindowLog,
+// SlidingWindowCounter) have no tokens to carry: across a config change
+// they keep the requests already counted, up to the new Capacity, unless
+// the strategy is ResetTokens, which forgets them. A change of
+// [Algorithm] always starts the bucket afresh.
 type Inheritance uint8
 
 const (

@@ -50,15 +50,18 @@ const (
 	// IntervalAligned refill. It is the default, and supports every [Op].
 	TokenBucket Algorithm = iota
 	// GCRA is the generic cell rate algorithm, as in redis_rate and
-	// redis-cell: Redis keeps one theoretical arrival time per bandwidth.
-	// It decides exactly as a TokenBucket with Greedy refill (the refill
-	// kind it requires), Capacity being the burst; it supports every Op.
+	// redis-cell: a bucket keeps one theoretical arrival time per
+	// bandwidth. Capacity is the burst, and RefillTokens per RefillPeriod
+	// the rate; Refill must be Greedy. While the clock moves forward it
+	// decides exactly as a TokenBucket with Greedy refill. It supports every
+	// Op.
 	GCRA
 	// FixedWindow counts requests in a window of RefillPeriod that starts
-	// with the first request after the previous window ended (with
-	// IntervalAligned refill: windows aligned to AlignedStart). It allows up
-	// to twice Capacity across a window boundary. RefillTokens must equal
-	// Capacity; Reserve is not supported.
+	// with the first request taken after the previous window ended (with
+	// IntervalAligned refill: in windows aligned to AlignedStart), and
+	// admits Capacity per window. It allows up to twice Capacity across a
+	// window boundary. RefillTokens must equal Capacity; Reserve is not
+	// supported.
 	FixedWindow
 	// SlidingWindowLog keeps the time of every request taken in the last
 	// RefillPeriod and admits a request only if no window of RefillPeriod
@@ -212,21 +215,21 @@ func (b *Bandwidth) validate(alg Algorithm) error {
 	if err := b.validateFor(alg); err != nil {
 		return err
 	}
-	if alg == SlidingWindowLog || alg == SlidingWindowCounter {
+	if alg.windowed() {
 		return nil // they count requests, not scaled units
 	}
-	return b.validateExact(b.kind(alg))
+	return b.validateExact()
 }
 
 // validateExact rejects bandwidths whose arithmetic would leave the range
 // that doubles hold exactly.
-func (b *Bandwidth) validateExact(kind RefillKind) error {
-	if kind == Greedy {
+func (b *Bandwidth) validateExact() error {
+	if b.Refill == Greedy {
 		// Cheap sufficient test first: the scale never exceeds the period.
 		if hi, lo := bits.Mul64(uint64(b.Capacity), uint64(b.PeriodMicros())); hi == 0 && lo <= MaxScaled {
 			return nil
 		}
-		scale, _ := b.units(Greedy)
+		scale, _ := b.Units()
 		if hi, lo := bits.Mul64(uint64(b.Capacity), uint64(scale)); hi != 0 || lo > MaxScaled {
 			return badField("Capacity %d refilled greedily by %d per %v takes more than 2^51 scaled units, beyond exact arithmetic: lower Capacity, make RefillTokens divide the period, or use Interval refill",
 				b.Capacity, b.RefillTokens, b.RefillPeriod)
@@ -252,7 +255,7 @@ func (b *Bandwidth) validateFor(alg Algorithm) error {
 		return nil
 	case b.RefillTokens != b.Capacity:
 		return badField("RefillTokens must equal Capacity (%d) for %v: a window admits Capacity requests per RefillPeriod, got %d", b.Capacity, alg, b.RefillTokens)
-	case b.InitialTokens != nil && alg != FixedWindow:
+	case b.InitialTokens != nil:
 		return badField("InitialTokens must be nil for %v", alg)
 	case b.Refill != Greedy && !(alg == FixedWindow && b.Refill == IntervalAligned):
 		return badField("Refill must be Greedy (the default) for %v, got %v", alg, b.Refill)
@@ -275,31 +278,14 @@ func isIDByte(c byte) bool {
 		c == '-' || c == '_' || c == '.' || c == ':'
 }
 
-// Units returns how [Apply] counts Bandwidths[i] under the config's
-// algorithm: the refill kind it runs (a [FixedWindow] bandwidth refills as
-// Interval, or IntervalAligned, all of its Capacity at once), and scale and
-// rate, where scale scaled units make one token and rate of them accrue
-// every microsecond (Greedy), or scale is 1 and rate is RefillTokens, added
-// once per period (Interval kinds). A backend that computes Apply elsewhere,
-// as the Redis backends' scripts do, passes them along so that it needs no
-// gcd. c must be valid.
-func (c Config) Units(i int) (kind RefillKind, scale, rate int64) {
-	b := &c.Bandwidths[i]
-	kind = b.kind(c.Algorithm)
-	scale, rate = b.units(kind)
-	return kind, scale, rate
-}
-
-// kind is the refill kind Apply runs for b under alg.
-func (b *Bandwidth) kind(alg Algorithm) RefillKind {
-	if alg == FixedWindow && b.Refill == Greedy {
-		return Interval
-	}
-	return b.Refill
-}
-
-func (b *Bandwidth) units(kind RefillKind) (scale, rate int64) {
-	if kind != Greedy {
+// Units returns how [Apply] counts b in a token bucket, GCRA or leaky
+// bucket: scale scaled units make one token, and rate of them accrue every
+// microsecond (Greedy); or scale is 1 and rate is RefillTokens, added once
+// per period (Interval kinds). A backend that computes Apply elsewhere, as
+// the Redis backends' scripts do, passes them along so that it needs no
+// gcd. b must be valid.
+func (b Bandwidth) Units() (scale, rate int64) {
+	if b.Refill != Greedy {
 		return 1, b.RefillTokens
 	}
 	period := b.PeriodMicros()

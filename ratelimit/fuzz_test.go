@@ -176,9 +176,9 @@ func checkState(t *testing.T, cfg Config, s *State) {
 	}
 	for i := range s.Bands {
 		b, st := &cfg.Bandwidths[i], &s.Bands[i]
-		kind, scale, rate := cfg.Units(i)
+		scale, rate := b.Units()
 		switch {
-		case st.ID != b.ID || st.Kind != kind || st.Capacity != b.Capacity || st.Scale != scale || st.Rate != rate:
+		case st.ID != b.ID || st.Capacity != b.Capacity || st.Scale != scale || st.Rate != rate:
 			t.Fatalf("Bands[%d] = %+v, want ID %q, Capacity %d, Scale %d, Rate %d", i, *st, b.ID, b.Capacity, scale, rate)
 		case st.Capacity*st.Scale > MaxScaled:
 			t.Fatalf("Bands[%d] = %+v: capacity beyond MaxScaled units", i, *st)

@@ -35,20 +35,16 @@ type State struct {
 // BandState is the state of one bandwidth. Besides the level and the time,
 // it keeps what a config change needs to carry tokens over (the
 // bandwidth's ID, capacity and scale) and, so that a decision needs no gcd
-// and no division to refill, its refill kind and rate.
-//
-// For [SlidingWindowCounter], Level is the requests counted in the current
-// window, Prev those of the previous window, and Stamp the current window's
-// start. For [SlidingWindowLog] only ID and Capacity are used.
+// and no division to refill, its rate. The fields' meanings above are a
+// token bucket's; each other algorithm's file says how it uses them.
 type BandState struct {
-	ID       string     // the bandwidth's ID
-	Capacity int64      // the bandwidth's capacity, in tokens
-	Kind     RefillKind // how Apply refills it (see [Config.Units])
-	Scale    int64      // scaled units per token
-	Rate     int64      // scaled units gained per µs (Greedy) or tokens per period (Interval kinds)
-	Level    int64      // scaled units held; negative once reserved ahead
-	Stamp    int64      // µs: last refill (Greedy) or start of the current period (Interval kinds)
-	Prev     int64      // SlidingWindowCounter: the previous window's count
+	ID       string // the bandwidth's ID
+	Capacity int64  // the bandwidth's capacity, in tokens
+	Scale    int64  // scaled units per token
+	Rate     int64  // scaled units gained per µs (Greedy) or tokens per period (Interval kinds)
+	Level    int64  // scaled units held; negative once reserved ahead
+	Stamp    int64  // µs: last refill (Greedy) or start of the current period (Interval kinds)
+	Prev     int64  // SlidingWindowCounter: the previous window's count
 }
 
 // Apply applies req to s under cfg at time now, in microseconds on the
@@ -67,12 +63,14 @@ type BandState struct {
 // ceil((n×Scale − Level)/Rate) µs. Interval kinds count whole tokens and add
 // RefillTokens at each period boundary.
 //
-// GCRA and LeakyBucket run the Greedy token bucket, which they equal
-// decision for decision, and FixedWindow the Interval one with RefillTokens
-// equal to Capacity; SlidingWindowLog and SlidingWindowCounter have their
-// own math.
+// The other algorithms have their own math, each in its file, called from
+// here.
 func Apply(s *State, cfg Config, req Request, now int64) (d Decision) {
 	switch cfg.Algorithm {
+	case GCRA, LeakyBucket:
+		return applyGCRA(s, cfg, req, now)
+	case FixedWindow:
+		return applyFixedWindow(s, cfg, req, now)
 	case SlidingWindowLog:
 		return applyLog(s, cfg, req, now)
 	case SlidingWindowCounter:
@@ -140,15 +138,14 @@ func (s *State) init(cfg Config, fp uint64, now int64) {
 	}
 	s.Bands = s.Bands[:len(cfg.Bandwidths)]
 	for i := range cfg.Bandwidths {
-		s.Bands[i] = fresh(&cfg.Bandwidths[i], cfg.Algorithm, now)
+		s.Bands[i] = fresh(&cfg.Bandwidths[i], now)
 	}
 	s.Fingerprint, s.Algorithm, s.Log = fp, cfg.Algorithm, nil
 }
 
-func fresh(b *Bandwidth, alg Algorithm, now int64) BandState {
-	kind := b.kind(alg)
-	scale, rate := b.units(kind)
-	return BandState{ID: b.ID, Capacity: b.Capacity, Kind: kind, Scale: scale, Rate: rate, Level: b.Initial() * scale, Stamp: periodStart(b, now)}
+func fresh(b *Bandwidth, now int64) BandState {
+	scale, rate := b.Units()
+	return BandState{ID: b.ID, Capacity: b.Capacity, Scale: scale, Rate: rate, Level: b.Initial() * scale, Stamp: periodStart(b, now)}
 }
 
 // periodStart is the stamp of a bandwidth that is full at now: the
@@ -167,7 +164,7 @@ func (s *State) convert(cfg Config, fp uint64, strategy Inheritance, now int64) 
 	s.Bands = make([]BandState, len(cfg.Bandwidths))
 	for i := range cfg.Bandwidths {
 		b := &cfg.Bandwidths[i]
-		s.Bands[i] = fresh(b, cfg.Algorithm, now)
+		s.Bands[i] = fresh(b, now)
 		j := match(old, b.ID, i)
 		if strategy == ResetTokens || j < 0 {
 			continue
@@ -249,7 +246,7 @@ func refill(b *Bandwidth, st *BandState, now int64) {
 		st.Stamp = periodStart(b, now)
 		return
 	}
-	if st.Kind == Greedy {
+	if b.Refill == Greedy {
 		if hi, lo := bits.Mul64(uint64(elapsed), uint64(st.Rate)); hi != 0 || lo >= uint64(full-st.Level) {
 			st.Level = full
 		} else {
@@ -278,7 +275,7 @@ func timeTo(b *Bandwidth, st *BandState, level, now int64) int64 {
 	if short <= 0 {
 		return 0
 	}
-	if st.Kind == Greedy {
+	if b.Refill == Greedy {
 		return ceilDiv(short, st.Rate) + max(0, st.Stamp-now)
 	}
 	return st.Stamp + ceilDiv(short, st.Rate)*b.PeriodMicros() - now
@@ -289,7 +286,7 @@ func timeTo(b *Bandwidth, st *BandState, level, now int64) int64 {
 // debt.
 func minLevel(b *Bandwidth, st *BandState) int64 {
 	full := st.Capacity * st.Scale
-	if st.Kind != Greedy {
+	if b.Refill != Greedy {
 		return max(-MaxScaled, full-maxHorizon/b.PeriodMicros()*st.Rate)
 	}
 	hi, lo := bits.Mul64(maxHorizon, uint64(st.Rate))

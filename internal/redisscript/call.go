@@ -59,12 +59,12 @@ func NewCall(prefix, key string, cfg ratelimit.Config, req ratelimit.Request, no
 	b.WriteByte(byte(cfg.Algorithm))
 	for i := range cfg.Bandwidths {
 		bw := &cfg.Bandwidths[i]
-		kind, scale, rate := cfg.Units(i)
+		scale, rate := bw.Units()
 		var start int64
-		if kind == ratelimit.IntervalAligned {
+		if bw.Refill == ratelimit.IntervalAligned {
 			start = bw.AlignedStart.UnixMicro()
 		}
-		b.WriteByte(byte(kind))
+		b.WriteByte(byte(bw.Refill))
 		num(bw.Capacity)
 		num(scale)
 		num(rate)

@@ -33,29 +33,86 @@ func newClient(t *testing.T) *redis.Client {
 
 var script = redis.NewScript(redisscript.Scripts[0].Source)
 
-// step is one request of a sequence and what the server did with it.
-type step struct {
-	cfg  ratelimit.Config
-	req  ratelimit.Request
-	now  int64
-	call redisscript.Call
-	run  *redis.Cmd
-	ttl  *redis.DurationCmd
-	get  *redis.StringCmd
+// scripts are redisscript.Scripts, ready to run.
+var scripts = func() []*redis.Script {
+	s := make([]*redis.Script, len(redisscript.Scripts))
+	for i, src := range redisscript.Scripts {
+		s[i] = redis.NewScript(src.Source)
+	}
+	return s
+}()
+
+// A stateCheck compares what an algorithm's script stored with Apply's
+// state: read queues the command that fetches the key's value, and check
+// compares its result with state at now, which has not expired.
+type stateCheck struct {
+	read  func(ctx context.Context, pipe redis.Pipeliner, key string) redis.Cmder
+	check func(stored redis.Cmder, state ratelimit.State, now int64) error
 }
 
-// TestScriptMatchesApply runs seeded random sequences of requests, on
-// configs from tiny to the limits of the accepted range, with the clock
-// jumping ahead and now and then back, through both ratelimit.Apply and the
-// script on a real server (the script on the caller's clock). Every decision
-// must be equal, and after every step the stored value must decode to
-// Apply's state, with a TTL to match its expiry.
+// stateChecks holds each algorithm's check; each algorithm's test file
+// registers its own in an init function.
+var stateChecks = map[ratelimit.Algorithm]stateCheck{
+	ratelimit.TokenBucket: {readString, checkTokenBucket},
+}
+
+func readString(ctx context.Context, pipe redis.Pipeliner, key string) redis.Cmder {
+	return pipe.Get(ctx, key)
+}
+
+func checkTokenBucket(stored redis.Cmder, state ratelimit.State, now int64) error {
+	v, err := stored.(*redis.StringCmd).Bytes()
+	if err != nil {
+		return fmt.Errorf("GET: %w", err)
+	}
+	gotState, fractions, err := decodeState(v)
+	if err != nil {
+		return err
+	}
+	wantState, wantFractions := storedForm(state)
+	if !equalState(gotState, wantState) || !slices.Equal(fractions, wantFractions) {
+		return fmt.Errorf("stored state\n %+v, fractions %v\nwant\n %+v, fractions %v", gotState, fractions, wantState, wantFractions)
+	}
+	return nil
+}
+
+// step is one request of a sequence and what the server did with it.
+type step struct {
+	cfg    ratelimit.Config
+	req    ratelimit.Request
+	now    int64
+	call   redisscript.Call
+	run    *redis.Cmd
+	ttl    *redis.DurationCmd
+	exists *redis.IntCmd
+	stored redis.Cmder
+}
+
+// TestScriptMatchesApply runs, for every algorithm, seeded random sequences
+// of requests, on configs from tiny to the limits of the accepted range,
+// with the clock jumping ahead and now and then back, through both
+// ratelimit.Apply and the algorithm's script on a real server (on the
+// caller's clock). Every decision must be equal, and after every step the
+// stored value must match Apply's state, with a TTL to match its expiry,
+// or the key be gone once the state equals a new bucket's.
 func TestScriptMatchesApply(t *testing.T) {
 	c := newClient(t)
 	ctx := context.Background()
-	if err := script.Load(ctx, c).Err(); err != nil {
-		t.Fatal(err)
+	for _, s := range scripts {
+		if err := s.Load(ctx, c).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
+	for alg, check := range stateChecks {
+		t.Run(alg.String(), func(t *testing.T) {
+			t.Parallel()
+			matchApply(t, c, alg, check)
+		})
+	}
+}
+
+func matchApply(t *testing.T, c *redis.Client, alg ratelimit.Algorithm, check stateCheck) {
+	ctx := context.Background()
 	sequences, steps := 3000, 40
 	if testing.Short() {
 		sequences = 300
@@ -63,8 +120,8 @@ func TestScriptMatchesApply(t *testing.T) {
 	for seed := range uint64(sequences) {
 		r := rand.New(rand.NewPCG(seed, 0x1ea))
 		big := r.IntN(3) == 0
-		cfgs := [2]ratelimit.Config{redistest.RandConfig(r, ratelimit.TokenBucket, big), redistest.RandConfig(r, ratelimit.TokenBucket, big)}
-		key := fmt.Sprintf("seq:%d", seed)
+		cfgs := [2]ratelimit.Config{redistest.RandConfig(r, alg, big), redistest.RandConfig(r, alg, big)}
+		key := fmt.Sprintf("seq:%v:%d", alg, seed)
 		now := r.Int64N(1 << 51)
 		if !big {
 			now = 1_700_000_000_000_000 + r.Int64N(1000)
@@ -84,9 +141,10 @@ func TestScriptMatchesApply(t *testing.T) {
 				t.Fatalf("seed %d: generated a bad call: %v", seed, err)
 			}
 			s.call = redisscript.NewCall("", key, s.cfg, s.req, now)
-			s.run = script.EvalSha(ctx, pipe, []string{s.call.Key}, s.call.Arg)
+			s.run = scripts[s.call.Script].EvalSha(ctx, pipe, []string{s.call.Key}, s.call.Arg)
 			s.ttl = pipe.PTTL(ctx, s.call.Key)
-			s.get = pipe.Get(ctx, s.call.Key)
+			s.exists = pipe.Exists(ctx, s.call.Key)
+			s.stored = check.read(ctx, pipe, s.call.Key)
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			t.Fatalf("seed %d: %v", seed, err)
@@ -110,24 +168,15 @@ func TestScriptMatchesApply(t *testing.T) {
 			if got != want {
 				fail(" got %+v\nwant %+v", got, want)
 			}
-			stored, err := s.get.Bytes()
 			if state.ExpiresAt <= s.now {
-				if !errors.Is(err, redis.Nil) {
-					fail("the state equals a new bucket's, yet the key holds %x (%v)", stored, err)
+				if s.exists.Val() != 0 {
+					fail("the state equals a new bucket's, yet the key exists")
 				}
 				state = ratelimit.State{}
 				continue
 			}
-			if err != nil {
-				fail("GET: %v", err)
-			}
-			gotState, fractions, err := decodeState(stored)
-			if err != nil {
+			if err := check.check(s.stored, state, s.now); err != nil {
 				fail("%v", err)
-			}
-			wantState, wantFractions := storedForm(state)
-			if !equalState(gotState, wantState) || !slices.Equal(fractions, wantFractions) {
-				fail("stored state\n %+v, fractions %v\nwant\n %+v, fractions %v", gotState, fractions, wantState, wantFractions)
 			}
 			ttl := ceilDiv(state.ExpiresAt-s.now, 1000) + 60_000
 			if got := s.ttl.Val().Milliseconds(); got > ttl || got < ttl-1000 {
@@ -138,7 +187,7 @@ func TestScriptMatchesApply(t *testing.T) {
 }
 
 // storedForm is s as the script stores it: each level as whole tokens
-// (with Scale 1) and a fraction, and no rate or kind.
+// (with Scale 1) and a fraction, and no rate.
 func storedForm(s ratelimit.State) (ratelimit.State, []int64) {
 	out := s
 	out.Bands = slices.Clone(s.Bands)
@@ -150,7 +199,7 @@ func storedForm(s ratelimit.State) (ratelimit.State, []int64) {
 			tokens--
 		}
 		fractions = append(fractions, b.Level-tokens*b.Scale)
-		b.Level, b.Scale, b.Rate, b.Kind = tokens, 1, 0, 0
+		b.Level, b.Scale, b.Rate = tokens, 1, 0
 	}
 	return out, fractions
 }
@@ -168,7 +217,7 @@ func history(seq []step) string {
 }
 
 func describe(cfg ratelimit.Config) string {
-	var parts []string
+	parts := []string{cfg.Algorithm.String()}
 	for _, b := range cfg.Bandwidths {
 		p := fmt.Sprintf("{id %q cap %d, %d per %dµs %v initial %d", b.ID, b.Capacity, b.RefillTokens, b.PeriodMicros(), b.Refill, b.Initial())
 		if b.Refill == ratelimit.IntervalAligned {

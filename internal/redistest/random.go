@@ -71,9 +71,7 @@ func fitBandwidth(r *rand.Rand, alg ratelimit.Algorithm, b ratelimit.Bandwidth) 
 		if alg != ratelimit.FixedWindow || b.Refill != ratelimit.IntervalAligned {
 			b.Refill, b.AlignedStart = ratelimit.Greedy, time.Time{}
 		}
-		if alg != ratelimit.FixedWindow {
-			b.InitialTokens = nil
-		}
+		b.InitialTokens = nil
 		period := b.PeriodMicros()
 		switch alg {
 		case ratelimit.SlidingWindowLog:
@@ -85,9 +83,6 @@ func fitBandwidth(r *rand.Rand, alg ratelimit.Algorithm, b ratelimit.Bandwidth) 
 			b.Capacity = 1 + b.Capacity%period
 		}
 		b.RefillTokens = b.Capacity
-		if b.InitialTokens != nil {
-			b = b.WithInitialTokens(r.Int64N(b.Capacity + 1))
-		}
 	}
 	return b
 }
