@@ -46,6 +46,10 @@ test-integration: ## tests whose names contain Integration, with -race
 bench: ## sluice vs its peers, six interleaved rounds, benchstat tables in bench/benchstat.txt (about 20 min)
 	sh benchmarks/run.sh bench
 
+.PHONY: bench-algorithms
+bench-algorithms: ## every algorithm on one redis-server: memory per key and decisions/s, six rounds, tables in bench/algorithms/benchstat.txt (about 5 min)
+	sh benchmarks/algorithms.sh bench/algorithms
+
 .PHONY: bench-redis
 bench-redis: ## sluice's Redis backends vs redis_rate on one redis-server, six rounds, tables in bench/redis/benchstat.txt (about 15 min)
 	sh benchmarks/redis.sh bench/redis

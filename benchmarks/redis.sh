@@ -36,68 +36,8 @@ benchstat="go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9
 cd "$root"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-tmp=$(mktemp -d)
-pid=
-sampler=
-cleanup() {
-	if [ -n "$sampler" ]; then
-		kill "$sampler" 2>/dev/null || true
-	fi
-	if [ -n "$pid" ]; then
-		kill "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# start_server starts redis-server on a random port and waits until it
-# answers. It fails when the port is taken, and redis-cli could then reach
-# another server on it, so the answer must carry this server's pid.
-start_server() {
-	port=$(($(od -An -N2 -tu2 /dev/urandom) % 20000 + 20000))
-	redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-		--daemonize no --dir "$tmp" --logfile "$out/redis-server.log" &
-	pid=$!
-	tries=0
-	while [ "$tries" -lt 100 ]; do
-		if ! kill -0 "$pid" 2>/dev/null; then
-			wait "$pid" || true
-			pid=
-			return 1
-		fi
-		if redis-cli -p "$port" INFO server 2>/dev/null | grep -q "^process_id:$pid"; then
-			return 0
-		fi
-		tries=$((tries + 1))
-		sleep 0.1
-	done
-	echo "redis.sh: redis-server on port $port did not answer" >&2
-	exit 1
-}
-attempt=0
-until start_server; do
-	attempt=$((attempt + 1))
-	if [ "$attempt" -ge 5 ]; then
-		echo "redis.sh: could not start redis-server; see $out/redis-server.log" >&2
-		exit 1
-	fi
-done
-addr=127.0.0.1:$port
-export SLUICE_REDIS_ADDR="$addr"
-echo "redis-server $addr (pid $pid)" >&2
-
-# The machine is shared, so the log says what else ran meanwhile.
-sample_load() {
-	while :; do
-		echo "$(date +%T) $(cut -d' ' -f1-3 /proc/loadavg) $(ps -eo pcpu=,comm= --sort=-pcpu | head -4 | awk '{printf "%s %s; ", $1, $2}')"
-		sleep 10
-	done
-}
-: >"$out/load.log"
-sample_load >>"$out/load.log" 2>/dev/null &
-sampler=$!
+# shellcheck source=benchmarks/server.sh
+. "$root/benchmarks/server.sh"
 
 {
 	date -u '+%Y-%m-%dT%H:%M:%SZ'

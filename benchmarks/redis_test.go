@@ -108,15 +108,6 @@ func redisImpls(b *testing.B, addr string, rdb *redis.Client) []redisImpl {
 	}
 	b.Cleanup(ruc.Close)
 
-	rl := redis_rate.NewLimiter(rdb)
-	rlLimit := RedisRateLimit()
-	allowRedisRate := func(ctx context.Context, key string) (bool, error) {
-		res, err := rl.Allow(ctx, key, rlLimit)
-		if err != nil {
-			return false, err
-		}
-		return res.Allowed == 1, nil
-	}
 
 	goredisBackend, err := redisbackend.New(rdb)
 	if err != nil {
@@ -127,9 +118,22 @@ func redisImpls(b *testing.B, addr string, rdb *redis.Client) []redisImpl {
 		b.Fatal(err)
 	}
 	return []redisImpl{
-		{"redis_rate", allowRedisRate},
+		{"redis_rate", allowRedisRate(rdb)},
 		{"sluice-goredis", allowSluice(goredisBackend)},
 		{"sluice-rueidis", allowSluice(rueidisBackend)},
+	}
+}
+
+// allowRedisRate is redis_rate's Allow on [RedisRateLimit] through rdb.
+func allowRedisRate(rdb *redis.Client) allowFunc {
+	rl := redis_rate.NewLimiter(rdb)
+	limit := RedisRateLimit()
+	return func(ctx context.Context, key string) (bool, error) {
+		res, err := rl.Allow(ctx, key, limit)
+		if err != nil {
+			return false, err
+		}
+		return res.Allowed == 1, nil
 	}
 }
 

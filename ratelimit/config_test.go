@@ -26,6 +26,20 @@ func TestConfigValidate(t *testing.T) {
 		{"helpers", cfgOf(PerSecond(10).WithBurst(50).WithID("burst"), PerMinute(100).WithID("minute"), PerHour(1000).WithID("hour")), ""},
 
 		{"unknown algorithm", Config{Algorithm: 200, Bandwidths: []Bandwidth{PerSecond(1)}}, "Algorithm"},
+		{"GCRA", Config{Algorithm: GCRA, Bandwidths: []Bandwidth{PerSecond(10).WithBurst(50)}}, ""},
+		{"GCRA Interval", Config{Algorithm: GCRA, Bandwidths: []Bandwidth{PerSecond(10).WithRefill(Interval)}}, "Bandwidths[0].Refill"},
+		{"LeakyBucket aligned", Config{Algorithm: LeakyBucket, Bandwidths: []Bandwidth{PerSecond(10).AlignedTo(time.UnixMicro(0))}}, "Bandwidths[0].Refill"},
+		{"FixedWindow", Config{Algorithm: FixedWindow, Bandwidths: []Bandwidth{PerMinute(100), PerHour(1000).AlignedTo(time.UnixMicro(0))}}, ""},
+		{"FixedWindow burst", Config{Algorithm: FixedWindow, Bandwidths: []Bandwidth{PerMinute(100).WithBurst(200)}}, "Bandwidths[0].RefillTokens"},
+		{"FixedWindow Interval", Config{Algorithm: FixedWindow, Bandwidths: []Bandwidth{PerMinute(100).WithRefill(Interval)}}, "Bandwidths[0].Refill"},
+		{"FixedWindow InitialTokens", Config{Algorithm: FixedWindow, Bandwidths: []Bandwidth{PerMinute(100).WithInitialTokens(5)}}, "Bandwidths[0].InitialTokens"},
+		{"SlidingWindowLog at MaxLogCapacity", Config{Algorithm: SlidingWindowLog, Bandwidths: []Bandwidth{PerMinute(MaxLogCapacity)}}, ""},
+		{"SlidingWindowLog past MaxLogCapacity", Config{Algorithm: SlidingWindowLog, Bandwidths: []Bandwidth{PerMinute(MaxLogCapacity + 1)}}, "Bandwidths[0].Capacity"},
+		{"SlidingWindowLog aligned", Config{Algorithm: SlidingWindowLog, Bandwidths: []Bandwidth{PerMinute(10).AlignedTo(time.UnixMicro(0))}}, "Bandwidths[0].Refill"},
+		{"SlidingWindowCounter a day", Config{Algorithm: SlidingWindowCounter, Bandwidths: []Bandwidth{Every(24*time.Hour, 100_000)}}, ""},
+		{"SlidingWindowCounter past 2^53", Config{Algorithm: SlidingWindowCounter, Bandwidths: []Bandwidth{Every(24*time.Hour, 200_000)}}, "Bandwidths[0].Capacity × RefillPeriod"},
+		{"SlidingWindowCounter at 2^53", Config{Algorithm: SlidingWindowCounter, Bandwidths: []Bandwidth{Every(1<<43*us, 1<<10)}}, ""},
+		{"SlidingWindowCounter past 2^53 by one", Config{Algorithm: SlidingWindowCounter, Bandwidths: []Bandwidth{Every(1<<43*us+us, 1<<10)}}, "Bandwidths[0].Capacity"},
 		{"no bandwidths", Config{}, "Bandwidths"},
 		{"MaxBandwidths", many(MaxBandwidths), ""},
 		{"MaxBandwidths+1", many(MaxBandwidths + 1), "Bandwidths"},
@@ -255,10 +269,38 @@ func TestFingerprint(t *testing.T) {
 }
 
 func TestAlgorithmString(t *testing.T) {
-	if got := TokenBucket.String(); got != "TokenBucket" {
-		t.Errorf("TokenBucket.String() = %q", got)
+	want := []string{"TokenBucket", "GCRA", "FixedWindow", "SlidingWindowLog", "SlidingWindowCounter", "LeakyBucket"}
+	for i, name := range want {
+		if got := Algorithm(i).String(); got != name {
+			t.Errorf("Algorithm(%d).String() = %q, want %q", i, got, name)
+		}
 	}
 	if got := Algorithm(7).String(); got != "Algorithm(7)" {
 		t.Errorf("Algorithm(7).String() = %q", got)
+	}
+}
+
+// TestAlgorithmSupports: only the token bucket and GCRA reserve; every
+// algorithm takes the other ops, and CheckRequest refuses what Supports
+// denies, naming the op and the algorithm.
+func TestAlgorithmSupports(t *testing.T) {
+	for alg := range numAlgorithms + 1 {
+		cfg := Config{Algorithm: alg, Bandwidths: []Bandwidth{PerMinute(10)}}
+		for op := Consume; op <= Inspect+1; op++ {
+			want := alg < numAlgorithms && op <= Inspect && (op != Reserve || alg == TokenBucket || alg == GCRA)
+			if got := alg.Supports(op); got != want {
+				t.Errorf("%v.Supports(%v) = %v, want %v", alg, op, got, want)
+			}
+			if alg == numAlgorithms || op > Inspect {
+				continue
+			}
+			err := CheckRequest("k", cfg, Request{Op: op, Tokens: 1})
+			switch {
+			case want && err != nil:
+				t.Errorf("%v: CheckRequest(%v) = %v, want nil", alg, op, err)
+			case !want && (!errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "Op Reserve is not supported by "+alg.String())):
+				t.Errorf("%v: CheckRequest(%v) = %v, want ErrInvalidRequest naming the op and algorithm", alg, op, err)
+			}
+		}
 	}
 }

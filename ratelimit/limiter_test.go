@@ -113,6 +113,54 @@ func TestWaitPastTheDeadlineTakesNothing(t *testing.T) {
 	})
 }
 
+// TestWaitPollsAlgorithmsThatCannotReserve: on a window algorithm or a
+// leaky bucket, Wait takes the tokens once they are free, sleeping for
+// each denial's RetryAfter; a deadline before that fails at once, and a
+// cancelled poll takes nothing.
+func TestWaitPollsAlgorithmsThatCannotReserve(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter, ratelimit.LeakyBucket} {
+		t.Run(alg.String(), func(t *testing.T) {
+			inBubble(t, func(t *testing.T, l *ratelimit.Limiter) {
+				cfg := ratelimit.Config{Algorithm: alg, Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(5)}}
+				b := l.Bucket("k", fixed(cfg))
+				ctx := context.Background()
+				time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second))) // a whole second, for the counter's windows
+				start := time.Now()
+				if err := b.Wait(ctx, 5); err != nil {
+					t.Fatal(err)
+				}
+				short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+				defer cancel()
+				if err := b.Wait(short, 1); !errors.Is(err, ratelimit.ErrWaitExceedsDeadline) {
+					t.Fatalf("Wait with 10ms to go: %v, want ErrWaitExceedsDeadline", err)
+				}
+				if err := b.Wait(ctx, 1); err != nil {
+					t.Fatal(err)
+				}
+				d, err := b.Inspect(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if waited := time.Since(start); waited <= 0 || waited > 2*time.Second || d.Remaining > 4 {
+					t.Fatalf("Wait(1) after 5 returned after %v, leaving %+v; want a wait of at most 2s and the token taken", waited, d)
+				}
+				cancelled, cancelNow := context.WithCancel(ctx)
+				go func() {
+					time.Sleep(time.Millisecond)
+					cancelNow()
+				}()
+				before, _ := b.Inspect(ctx)
+				if err := b.Wait(cancelled, 5); !errors.Is(err, context.Canceled) {
+					t.Fatalf("Wait cancelled while polling: %v, want context.Canceled", err)
+				}
+				if after, _ := b.Inspect(ctx); after.Remaining != before.Remaining {
+					t.Fatalf("a cancelled poll left Remaining %d, was %d", after.Remaining, before.Remaining)
+				}
+			})
+		})
+	}
+}
+
 func TestCancelledWaitGivesTheTokensBack(t *testing.T) {
 	inBubble(t, func(t *testing.T, l *ratelimit.Limiter) {
 		b := l.Bucket("k", fixed(fivePerSecond))

@@ -513,7 +513,7 @@ func TestApplyReserveDebtLimit(t *testing.T) {
 // cloneState returns a copy of s that shares nothing with it.
 func cloneState(s *State) State {
 	c := *s
-	c.Bands = slices.Clone(s.Bands)
+	c.Bands, c.Log = slices.Clone(s.Bands), slices.Clone(s.Log)
 	return c
 }
 
@@ -543,7 +543,8 @@ func newBucket(cfg Config, now int64) State {
 }
 
 func equalStates(a, b State) bool {
-	return a.Fingerprint == b.Fingerprint && a.ExpiresAt == b.ExpiresAt && slices.Equal(a.Bands, b.Bands)
+	return a.Fingerprint == b.Fingerprint && a.Algorithm == b.Algorithm && a.ExpiresAt == b.ExpiresAt &&
+		slices.Equal(a.Bands, b.Bands) && slices.Equal(a.Log, b.Log)
 }
 
 // TestApplyDeniedChangesNothing checks that Estimate, Inspect and a denied

@@ -73,7 +73,9 @@ func TestSharedBucketIntegration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	redistest.Exact(t, rb, gb)
+	for alg := range ratelimit.LeakyBucket + 1 {
+		t.Run(alg.String(), func(t *testing.T) { redistest.Exact(t, alg, rb, gb) })
+	}
 }
 
 func TestNewErrors(t *testing.T) {

@@ -61,11 +61,14 @@ func testConformance(t *testing.T, a Adapter, tops []topology) {
 	}
 }
 
+// numAlgorithms is how many algorithms ratelimit has.
+const numAlgorithms = uint64(ratelimit.LeakyBucket) + 1
+
 // testMatchesMemory runs seeded random sequences of requests through the
-// backend and the memory backend, each on its own stepped clock, and wants
-// every decision equal.
+// backend and the memory backend, each on its own stepped clock, on every
+// algorithm, and wants every decision equal.
 func testMatchesMemory(t *testing.T, a Adapter, top topology) {
-	const sequences, steps = 200, 30
+	const sequences, steps = 300, 30
 	ctx := context.Background()
 	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 	run := time.Now().UnixNano()
@@ -74,7 +77,14 @@ func testMatchesMemory(t *testing.T, a Adapter, top topology) {
 		clock := ratelimittest.NewClock(start)
 		b, closeClient := a.Connect(t, top.addrs, top.cluster, Options{Clock: clock})
 		mem := memory.New(memory.WithClock(clock))
-		cfgs := [2]ratelimit.Config{RandConfig(r, ratelimit.TokenBucket, false), RandConfig(r, ratelimit.TokenBucket, false)}
+		// Every algorithm in turn; now and then the bucket switches to
+		// another one.
+		alg := ratelimit.Algorithm(seed % numAlgorithms)
+		other := alg
+		if r.IntN(4) == 0 {
+			other = ratelimit.Algorithm(r.Uint64N(numAlgorithms))
+		}
+		cfgs := [2]ratelimit.Config{RandConfig(r, alg, false), RandConfig(r, other, false)}
 		key := fmt.Sprintf("matches-memory:%d:%d", run, seed)
 		cur := 0
 		for i := range steps {

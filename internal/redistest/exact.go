@@ -4,14 +4,15 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// testExact: 64 goroutines on two clients (so two connection pools, as two
-// processes would have) race for one bucket of 100 tokens that refills one
-// an hour: exactly 100 are admitted, each Remaining from 99 down to 0 seen
+// testExact: for every algorithm, 64 goroutines on two clients (so two
+// connection pools, as two processes would have) race for one bucket of
+// 100: exactly 100 are admitted, each Remaining from 99 down to 0 seen
 // once.
 func testExact(t *testing.T, a Adapter, tops []topology) {
 	for _, top := range tops {
@@ -19,7 +20,9 @@ func testExact(t *testing.T, a Adapter, tops []topology) {
 			t.Parallel()
 			b1, _ := a.Connect(t, top.addrs, top.cluster, Options{})
 			b2, _ := a.Connect(t, top.addrs, top.cluster, Options{})
-			Exact(t, b1, b2)
+			for alg := range ratelimit.Algorithm(numAlgorithms) {
+				t.Run(alg.String(), func(t *testing.T) { Exact(t, alg, b1, b2) })
+			}
 		})
 	}
 }
@@ -32,16 +35,21 @@ func testSentinel(t *testing.T, a Adapter) {
 	sentinel := testkit.StartSentinel(t, master)
 	b1 := a.Sentinel(t, []string{sentinel.Addr()}, testkit.SentinelMaster)
 	b2 := a.Sentinel(t, []string{sentinel.Addr()}, testkit.SentinelMaster)
-	Exact(t, b1, b2)
+	Exact(t, ratelimit.TokenBucket, b1, b2)
 }
 
 // Exact races 64 goroutines, alternately on each backend given, for one
-// new bucket of capacity 100 that refills one token an hour, 10 calls each,
-// and wants exactly 100 admitted, with every Remaining from 99 to 0 once.
-func Exact(t *testing.T, backends ...ratelimit.Backend) {
+// new bucket of alg of capacity 100 (that refills one token an hour, or
+// admits 100 a day), 10 calls each, and wants exactly 100 admitted, with
+// every Remaining from 99 to 0 once.
+func Exact(t *testing.T, alg ratelimit.Algorithm, backends ...ratelimit.Backend) {
 	t.Helper()
 	const goroutines, calls, capacity = 64, 10, 100
-	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(1).WithBurst(capacity)}}
+	bw := ratelimit.PerHour(1).WithBurst(capacity)
+	if !alg.Supports(ratelimit.Reserve) && alg != ratelimit.LeakyBucket {
+		bw = ratelimit.Every(24*time.Hour, capacity)
+	}
+	cfg := ratelimit.Config{Algorithm: alg, Bandwidths: []ratelimit.Bandwidth{bw}}
 	key := uniqueKey(t, "exact")
 	var (
 		mu        sync.Mutex

@@ -86,6 +86,7 @@ var suite = []group{
 	{"Keys", keyScenarios},
 	{"Wait", waitScenarios},
 	{"Concurrency", concurrencyScenarios},
+	{"Algorithms", algorithmScenarios},
 }
 
 // runID tells this run's keys from those of earlier runs against the same

@@ -2,7 +2,9 @@
 // key each limiter stores for the user key user:12345 after one allowed
 // decision, its value's length (STRLEN) and MEMORY USAGE ... SAMPLES 0, for
 // sluice with one bandwidth, sluice with two, and
-// github.com/go-redis/redis_rate/v10, all on one server in one run.
+// github.com/go-redis/redis_rate/v10, all on one server in one run. A second
+// table gives, for each of sluice's algorithms, MEMORY USAGE after one
+// request and at the limit (every request of the window taken).
 //
 // Usage:
 //
@@ -53,6 +55,10 @@ func main() {
 		log.Fatalf("redismemory: %v", err)
 	}
 	if err := measure(context.Background(), rdb, buckets); err != nil {
+		log.Fatalf("redismemory: %v", err)
+	}
+	fmt.Println()
+	if err := measureAlgorithms(context.Background(), rdb); err != nil {
 		log.Fatalf("redismemory: %v", err)
 	}
 }
@@ -127,6 +133,58 @@ func measure(ctx context.Context, rdb *redis.Client, buckets []bucket) error {
 			return err
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t\n", bk.limiter, bk.limit, bk.redisKey, strlen, usage)
+	}
+	return w.Flush()
+}
+
+// measureAlgorithms prints, for each algorithm on a limit of 100 a minute
+// (and the sliding log on 1000 too, past the 128 entries Redis keeps in a
+// listpack), the MEMORY USAGE of the bucket's key after one request and
+// after the 100th (or 1000th), with the key's Redis type.
+func measureAlgorithms(ctx context.Context, rdb *redis.Client) error {
+	backend, err := redisbackend.New(rdb)
+	if err != nil {
+		return err
+	}
+	lim := ratelimit.New(backend)
+	redisKey := redisscript.Key(redisbackend.DefaultPrefix, userKey)
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "algorithm\tlimit\ttype\tafter 1 request (bytes)\tat the limit (bytes)\t")
+	type row struct {
+		alg   ratelimit.Algorithm
+		limit int64
+	}
+	var rows []row
+	for alg := range ratelimit.LeakyBucket + 1 {
+		rows = append(rows, row{alg, 100})
+	}
+	rows = append(rows, row{ratelimit.SlidingWindowLog, 1000})
+	for _, r := range rows {
+		cfg := ratelimit.Config{Algorithm: r.alg, Bandwidths: []ratelimit.Bandwidth{ratelimit.PerMinute(r.limit)}}
+		if err := rdb.Del(ctx, redisKey).Err(); err != nil {
+			return err
+		}
+		var usage [2]int64
+		var kind string
+		for i := range r.limit {
+			d, err := lim.Allow(ctx, userKey, cfg)
+			if err := allowed(d.Allowed, err); err != nil {
+				return fmt.Errorf("%v, request %d: %w", r.alg, i+1, err)
+			}
+			if i != 0 && i != r.limit-1 {
+				continue
+			}
+			if usage[min(i, 1)], err = rdb.MemoryUsage(ctx, redisKey, 0).Result(); err != nil {
+				return err
+			}
+			if kind, err = rdb.Type(ctx, redisKey).Result(); err != nil {
+				return err
+			}
+		}
+		if err := rdb.Del(ctx, redisKey).Err(); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%v\tPerMinute(%d)\t%s\t%d\t%d\t\n", r.alg, r.limit, kind, usage[0], usage[1])
 	}
 	return w.Flush()
 }
