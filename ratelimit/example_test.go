@@ -157,3 +157,40 @@ func ExampleConfig_Validate() {
 	// 9,999,999 a month: ratelimit: invalid config: Bandwidths[0].Capacity 9999999 refilled greedily by 9999999 per 720h0m0s takes more than 2^51 scaled units, beyond exact arithmetic: lower Capacity, make RefillTokens divide the period, or use Interval refill
 	// 9,999,999 a month, interval: ok
 }
+
+// Each algorithm reads a bandwidth the same way, as Capacity requests per
+// RefillPeriod, and they differ at a window's edge: a fixed window admits a
+// full window again as soon as the last one ends, a sliding log only as
+// its requests age out, a minute after each was made.
+func ExampleAlgorithm() {
+	clock := newExampleClock()
+	backend := memory.New(memory.WithClock(clock))
+	defer backend.Close()
+	limiter := ratelimit.New(backend)
+	ctx := context.Background()
+
+	for _, alg := range []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindowLog} {
+		cfg := ratelimit.Config{Algorithm: alg, Bandwidths: []ratelimit.Bandwidth{ratelimit.PerMinute(3)}}
+		key := "user:42:" + alg.String()
+		// send makes n requests and returns how many passed, and the last
+		// decision.
+		send := func(n int) (passed int, d ratelimit.Decision) {
+			for range n {
+				var err error
+				if d, err = limiter.Allow(ctx, key, cfg); err == nil && d.Allowed {
+					passed++
+				}
+			}
+			return passed, d
+		}
+		first, _ := send(1)
+		clock.Advance(40 * time.Second)
+		second, _ := send(2)
+		clock.Advance(20 * time.Second)
+		third, d := send(4)
+		fmt.Printf("%v: %d of 1 at 0s, %d of 2 at 40s, %d of 4 at 60s, retry after %v\n", alg, first, second, third, d.RetryAfter)
+	}
+	// Output:
+	// FixedWindow: 1 of 1 at 0s, 2 of 2 at 40s, 3 of 4 at 60s, retry after 1m0s
+	// SlidingWindowLog: 1 of 1 at 0s, 2 of 2 at 40s, 1 of 4 at 60s, retry after 40s
+}

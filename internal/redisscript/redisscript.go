@@ -1,27 +1,31 @@
 // Package redisscript is the one implementation of sluice's Redis
 // decisions that both Redis backends (backend/redis over go-redis and
 // backend/rueidis) run: the Lua scripts, the key layout, the packing of a
-// request into the script's arguments, the decoding of its reply, the
+// request into the scripts' arguments, the decoding of their reply, the
 // mapping of client errors onto ratelimit's sentinels, and the server check.
 // The adapters only move bytes through their client.
 //
-// # The token-bucket script
+// # The scripts
 //
-// [TokenBucket] is [ratelimit.Apply] in Lua. One call is one EVALSHA on one
-// key: it reads the state, applies the request on the server's clock (TIME,
-// in microseconds) or on the time the caller passes, writes the state back,
-// or deletes it when it already equals a new bucket's, and returns the
-// decision. The key expires at the end of the second in which the state
-// comes to equal a new bucket's.
+// Each algorithm's script is [ratelimit.Apply] for that algorithm in Lua,
+// after prelude.lua, which they share: the request's layout, the clock, the
+// string layout of a stored state, reading and storing it with its TTL, and
+// the inheritance rules. One call is one EVALSHA on one key: it reads the
+// state, applies the request on the server's clock (TIME, in microseconds)
+// or on the time the caller passes, writes the state back, or deletes it
+// when it already equals a new bucket's, and returns the decision. The key
+// expires at the end of the second in which the state comes to equal a new
+// bucket's.
 //
-// The stored value is a string of a few dozen bytes (26 for one bandwidth
-// of 10 or 100 a second): a format byte, the config's 8-byte fingerprint, the expiry in
-// µs, then for each bandwidth its capacity, its level as whole tokens and a
-// fraction in scaled units, the distance from its stamp to the expiry, each
-// in as few bytes as it needs, and its ID. Keeping capacity, whole tokens
-// and ID lets the script convert the bucket when the config's fingerprint
-// changes, with no second round trip. tokenbucket.lua documents the layout
-// byte by byte.
+// The token bucket, GCRA, the fixed window and the sliding window counter
+// keep a string of a few dozen bytes (26 for a token bucket of one
+// bandwidth of 10 or 100 a second): a format byte (which also tells the
+// algorithm), the config's 8-byte fingerprint, the expiry in µs, then per
+// bandwidth two pairs of integers in as few bytes as they need, and its ID.
+// Keeping what a config change needs lets the script convert the bucket
+// when the config's fingerprint changes, with no second round trip. The
+// sliding log keeps a sorted set of request times. prelude.lua and each
+// algorithm's file document their layout byte by byte.
 package redisscript
 
 import (
