@@ -108,7 +108,6 @@ func redisImpls(b *testing.B, addr string, rdb *redis.Client) []redisImpl {
 	}
 	b.Cleanup(ruc.Close)
 
-
 	goredisBackend, err := redisbackend.New(rdb)
 	if err != nil {
 		b.Fatal(err)
