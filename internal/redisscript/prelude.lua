@@ -166,7 +166,7 @@ local function readState()
   elseif not v then
     return false
   end
-  local head = byte(v, 1)
+  local head = byte(v, 1) or 0 -- an empty string is not sluice's either
   if head < 16 or head >= FORMATS_END then
     return nil, redis.error_reply('sluice: key ' .. KEYS[1] .. ' holds a value sluice did not write')
   elseif head < FORMAT or head >= FORMAT + 16 then
