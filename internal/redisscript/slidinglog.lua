@@ -1,1 +1,301 @@
-return redis.error_reply('sluice: slidinglog is not written yet')
+-- sluice sliding window log: one atomic decision on the bucket at KEYS[1].
+--
+-- This is ratelimit's SlidingWindowLog (ratelimit/slidinglog.go) in Lua;
+-- the two must agree decision for decision and entry for entry, and the
+-- tests of internal/redisscript compare them. Read slidinglog.go for the
+-- why of each rule; the comments here are about Redis.
+--
+-- The key holds a sorted set, not prelude.lua's string: one member per
+-- token taken, scored with its time in µs (0 to 2^52), and two members
+-- with negative scores, which so rank first (0 and 1), for the rest:
+--   - the config's fingerprint, its 8 bytes as the member, scored
+--     -1 - expiry (µs);
+--   - the empty string, scored -1 - (length + 65536 × serial): the tokens
+--     held and the member the next token gets.
+-- A token's member is a serial number (ZADD writes it in decimal): unique
+-- however many tokens share a microsecond, and small. When the serial
+-- would pass SPAN, the tokens are renumbered from 0 in time order, at most
+-- once every 3 × bound tokens. A log of up to 126 tokens stays a listpack,
+-- about 14 bytes a token by MEMORY USAGE; a longer one is a skiplist, about
+-- 100.
+--
+-- A decision that admits costs two calls (ZRANGE, ZADD), plus a
+-- ZREMRANGEBYSCORE when the oldest token has left the longest window, a
+-- ZCOUNT per bandwidth of a shorter window, and the TTL (PEXPIREAT once a
+-- second, PEXPIRE on a caller's clock); a denial reads one token per
+-- bandwidth that lacks room instead of writing.
+--
+-- One key per bucket, so the script runs on Redis Cluster: KEYS[1] is the
+-- only key it touches. Scores are passed to Redis as numbers, which it
+-- writes with 17 digits; Lua's own tostring keeps only 14, so nothing here
+-- joins a time into a string.
+
+local META = 2 -- the members before the first token, by rank
+local LENGTH = 65536 -- the length's span in the second member's score
+local CHUNK = 7000 -- values per ZADD: unpack fails near 8000
+
+local key = KEYS[1]
+
+-- The longest window and the bound on the tokens held: the smallest
+-- capacity among the bandwidths of that window.
+local longest, bound = 0, 0
+for i = 1, count do
+  local w, cap = cfg[8 * i + PERIOD], cfg[8 * i + CAP]
+  if w > longest then
+    longest, bound = w, cap
+  elseif w == longest and cap < bound then
+    bound = cap
+  end
+end
+local span = 4 * bound
+if span < 4096 then
+  span = 4096
+end
+
+-- whole reports whether x, a stored number, is an integer in [0, 2^53).
+local function whole(x)
+  return x >= 0 and x < SATURATED and x % 1 == 0
+end
+
+-- Read the two members that hold the state, and the oldest token. found
+-- is whether the key holds a log; foreign whether it holds another
+-- algorithm's state, which Go's Apply also starts afresh.
+local found, foreign = false, false
+local exp, oldFp, packed, length, serial, oldest = 0, '', 0, 0, 0, nil
+local head = redis.pcall('ZRANGE', key, 0, META, 'WITHSCORES')
+if head.err then
+  if not string.find(head.err, '^WRONGTYPE') then
+    return head
+  end
+  local v = redis.pcall('GET', key)
+  local h = type(v) == 'string' and byte(v, 1) or 0
+  if h < 16 or h >= FORMATS_END then
+    return redis.error_reply('sluice: key ' .. key .. ' holds a value sluice did not write')
+  end
+  foreign = true
+elseif #head > 0 then
+  local fpScore, packedScore
+  for j = 1, 3, 2 do
+    local name = head[j]
+    if name == '' then
+      packedScore = tonumber(head[j + 1])
+    elseif name and #name == 8 then
+      oldFp, fpScore = name, tonumber(head[j + 1])
+    end
+  end
+  if not fpScore or not packedScore then
+    return corrupt()
+  end
+  exp, packed = -1 - fpScore, -1 - packedScore
+  oldest = head[6] and tonumber(head[6])
+  if not whole(exp) or not whole(packed) or not oldest or not whole(oldest) then
+    return corrupt()
+  end
+  length = packed % LENGTH
+  serial = (packed - length) / LENGTH
+  found = true
+end
+
+local fresh = not found or op == RESET or now >= exp or
+  (op == REPLACE or oldFp ~= fp) and strategy == RESET_TOKENS
+-- counts[i] is how many tokens bandwidth i's window holds.
+local counts = {}
+if fresh then
+  length, serial = 0, 0
+  for i = 1, count do
+    counts[i] = 0
+  end
+else
+  -- Trim: what the longest window no longer holds, then the oldest beyond
+  -- the bound.
+  local cutoff = now - longest
+  if oldest <= cutoff then
+    length = length - redis.call('ZREMRANGEBYSCORE', key, 0, cutoff)
+  end
+  if length > bound then
+    redis.call('ZREMRANGEBYRANK', key, META, META + length - bound - 1)
+    length = bound
+  end
+  for i = 1, count do
+    local w = cfg[8 * i + PERIOD]
+    if w == longest then
+      counts[i] = length
+    else
+      -- Scores are whole µs: after now - w is from now - w + 1.
+      local from = now - w + 1
+      if from < 0 then
+        from = 0
+      end
+      counts[i] = redis.call('ZCOUNT', key, from, '+inf')
+    end
+  end
+end
+
+-- waitFor is the µs until every bandwidth can take t, and the bandwidth
+-- that takes longest; nil if a token's time is corrupt. A bandwidth that
+-- lacks room waits for the token at rank length + t - 1 - capacity among
+-- the tokens: see logWait in slidinglog.go.
+local function waitFor(t)
+  local wait, slowest = 0, 1
+  for i = 1, count do
+    local c = 8 * i
+    local cap = cfg[c + CAP]
+    if counts[i] + t > cap then
+      local rank = META + length + t - 1 - cap
+      local at = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')[2]
+      at = at and tonumber(at)
+      if not at or not whole(at) then
+        return nil
+      end
+      local w = at + cfg[c + PERIOD] - now
+      if w > wait then
+        wait, slowest = w, i
+      end
+    end
+  end
+  return wait, slowest
+end
+
+local allowed, consumed, removed, retry, binding = 1, 0, 0, 0, 0
+if op == CONSUME or op == ESTIMATE or op == INSPECT then
+  local t = tokens
+  if op == INSPECT then
+    t = 1
+  end
+  local wait, slowest = waitFor(t)
+  if not wait then
+    return corrupt()
+  end
+  if wait > 0 then
+    allowed, retry, binding = 0, wait, slowest
+  elseif op == CONSUME then
+    consumed = t
+  end
+elseif op == CONSUME_UP_TO then
+  local t = tokens
+  for i = 1, count do
+    local room = cfg[8 * i + CAP] - counts[i]
+    if room < t then
+      t = room
+    end
+  end
+  if t > 0 then
+    consumed = t
+  else
+    local wait, slowest = waitFor(1)
+    if not wait then
+      return corrupt()
+    end
+    allowed, retry, binding = 0, wait, slowest
+  end
+elseif op == ADD and length > 0 then
+  -- A refund: the newest tokens go.
+  removed = tokens
+  if removed > length then
+    removed = length
+  end
+  redis.call('ZREMRANGEBYRANK', key, -removed, -1)
+end
+
+-- Settle: the binding bandwidth (the one with the fewest requests left
+-- unless a denial named one).
+local least, left = SATURATED, 0
+for i = 1, count do
+  local c = counts[i] + consumed - removed
+  if c < 0 then
+    c = 0
+  end
+  local r = cfg[8 * i + CAP] - c
+  if r < 0 then
+    r = 0
+  end
+  if allowed == 1 and r < least then
+    least, binding = r, i
+  end
+  if i == binding then
+    left = r
+  end
+end
+local kept = length - removed -- the tokens from before this call
+length = kept + consumed
+
+if length == 0 then
+  if found or foreign then
+    redis.call('DEL', key)
+  end
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, 0, binding - 1}
+end
+
+-- The expiry: when the newest token leaves the longest window. With the
+-- same config and no refund the stored expiry tells the newest kept token;
+-- otherwise it is read.
+local newest = now
+if kept > 0 then
+  local last
+  if removed > 0 or oldFp ~= fp then
+    last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
+    last = last and tonumber(last)
+    if not last or not whole(last) then
+      return corrupt()
+    end
+  else
+    last = exp - longest
+  end
+  if consumed == 0 or last > now then
+    newest = last
+  end
+end
+local expiry = newest + longest
+
+-- Write: a fresh log replaces whatever the key held; a config change
+-- drops the old fingerprint's member; a serial that would pass the span
+-- renumbers the tokens (while both state members still rank first).
+local args, n = {}, 0
+if fresh and (found or foreign) then
+  redis.call('DEL', key)
+end
+if consumed > 0 and serial + consumed > span then
+  local all = redis.call('ZRANGE', key, META, -1, 'WITHSCORES')
+  redis.call('ZREMRANGEBYRANK', key, META, -1)
+  for j = 2, #all, 2 do
+    args[n + 1], args[n + 2] = all[j], j / 2 - 1
+    n = n + 2
+  end
+  serial = n / 2
+end
+if not fresh and oldFp ~= fp then
+  redis.call('ZREM', key, oldFp)
+end
+for j = 0, consumed - 1 do
+  args[n + 1], args[n + 2] = now, serial + j
+  n = n + 2
+end
+serial = serial + consumed
+if fresh or oldFp ~= fp or expiry ~= exp then
+  args[n + 1], args[n + 2] = -1 - expiry, fp
+  n = n + 2
+end
+local repacked = length + LENGTH * serial
+if fresh or repacked ~= packed then
+  args[n + 1], args[n + 2] = -1 - repacked, ''
+  n = n + 2
+end
+local from = 1
+while from <= n do
+  local to = from + CHUNK - 1
+  if to > n then
+    to = n
+  end
+  redis.call('ZADD', key, unpack(args, from, to))
+  from = to + 1
+end
+
+-- The TTL, as store() in prelude.lua sets it; a key whose expiry stays
+-- within the second it was set for keeps its TTL.
+if clockGiven then
+  local ms = expiry - now
+  redis.call('PEXPIRE', key, (ms + -ms % 1000) / 1000 + GRACE)
+elseif fresh or expiry > exp + -exp % 1000000 then
+  redis.call('PEXPIREAT', key, (expiry + -expiry % 1000000) / 1000)
+end
+return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, binding - 1}
