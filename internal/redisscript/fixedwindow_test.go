@@ -249,7 +249,7 @@ func fixedGarbage(r *rand.Rand, cfg ratelimit.Config, now int64) (v []byte, stat
 		kind = fixedDamaged
 	case 3:
 		alg := []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter, ratelimit.LeakyBucket}[r.IntN(5)]
-		v[0] = byte(16*(int(alg)+1) + r.IntN(16))
+		v[0] = byte(16*(int(alg)+1) + int(v[0])%16) // the same shape: well formed
 		kind = fixedForeign
 	case 4:
 		v[0] = byte(112 + r.IntN(144+16))

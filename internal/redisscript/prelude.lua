@@ -82,7 +82,7 @@ local OLD_U1, OLD_S1, OLD_U2, OLD_S2, OLD_ID = -1, 0, 1, 2, 3
 -- decodeState returns the bandwidth count, fingerprint, expiry and fields
 -- of the state in v, or nothing if v is not shaped like a state.
 local function decodeState(v)
-  local n = byte(v, 1) - FORMAT + 1
+  local n = byte(v, 1) % 16 + 1
   -- From the fingerprint on: it, the expiry, the width bytes skipped, then
   -- each bandwidth.
   local format = '<c8I7x'
@@ -151,32 +151,40 @@ local function corrupt()
   return redis.error_reply('sluice: corrupt state at key ' .. KEYS[1])
 end
 
+-- sluiceState reports whether v is shaped like a state that some sluice
+-- script keeps in a string.
+local function sluiceState(v)
+  local head = byte(v, 1) or 0
+  return head >= 16 and head < FORMATS_END and decodeState(v) ~= nil
+end
+
 -- readState reads the bucket's string: it returns the value, the
 -- bandwidth count, fingerprint, expiry and fields decoded from it; false
 -- when the key is absent or holds another algorithm's state; or nil and the
--- error to reply.
+-- error to reply, for a value sluice did not write.
 local function readState()
   -- pcall: a sliding log's key holds a sorted set, and GET on it fails.
   local v = redis.pcall('GET', KEYS[1])
   if type(v) == 'table' then
-    if not string.find(v.err, '^WRONGTYPE') then
-      return nil, v
+    -- A sorted set is the sliding log's if it has its state member, ''.
+    if string.find(v.err, '^WRONGTYPE') and redis.call('TYPE', KEYS[1]).ok == 'zset' and redis.call('ZSCORE', KEYS[1], '') then
+      return false
     end
-    return false
+    return nil, v
   elseif not v then
     return false
   end
-  local head = byte(v, 1) or 0 -- an empty string is not sluice's either
-  if head < 16 or head >= FORMATS_END then
-    return nil, redis.error_reply('sluice: key ' .. KEYS[1] .. ' holds a value sluice did not write')
-  elseif head < FORMAT or head >= FORMAT + 16 then
-    return false
+  local head = byte(v, 1) or 0
+  if head >= FORMAT and head < FORMAT + 16 then
+    local n, oldFp, exp, old = decodeState(v)
+    if n == nil then
+      return nil, corrupt()
+    end
+    return v, n, oldFp, exp, old
+  elseif sluiceState(v) then
+    return false -- another algorithm's: start afresh
   end
-  local n, oldFp, exp, old = decodeState(v)
-  if n == nil then
-    return nil, corrupt()
-  end
-  return v, n, oldFp, exp, old
+  return nil, redis.error_reply('sluice: key ' .. KEYS[1] .. ' holds a value sluice did not write')
 end
 
 -- store writes the state v (from encodeState) to expire at expiry, or

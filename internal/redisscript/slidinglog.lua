@@ -68,8 +68,7 @@ if head.err then
     return head
   end
   local v = redis.pcall('GET', key)
-  local h = type(v) == 'string' and byte(v, 1) or 0
-  if h < 16 or h >= FORMATS_END then
+  if type(v) ~= 'string' or not sluiceState(v) then
     return redis.error_reply('sluice: key ' .. key .. ' holds a value sluice did not write')
   end
   foreign = true

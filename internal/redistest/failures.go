@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -79,30 +81,61 @@ func testFailures(t *testing.T, a Adapter) {
 		top := topology{addrs: []string{addr}}
 		b, _ := a.Connect(t, top.addrs, false, Options{})
 		c := raw(t, top)
-		for _, tc := range []struct {
+		type foreign struct {
 			name, value, want string
-		}{
-			{"string", "hello", "did not write"},
+		}
+		cases := []foreign{
 			{"truncated", "\x10\x00\x00\x00\x00\x00\x00\x00\x00\xff", "corrupt state"},
 			{"trailing", "\x10\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x11\x01\x01\x01\x01\x00ab", "corrupt state"},
-			{"hash", "", "WRONGTYPE"},
-		} {
+		}
+		// Every algorithm refuses what sluice did not write, and leaves it.
+		for alg := range ratelimit.Algorithm(numAlgorithms) {
+			str, hash, zset := "did not write", "WRONGTYPE", "WRONGTYPE"
+			switch alg {
+			case ratelimit.SlidingWindowLog:
+				// Its own key type is the sorted set, and a sorted set
+				// without its state members is a damaged log.
+				hash, zset = "did not write", "corrupt state"
+			case ratelimit.LeakyBucket:
+				str = "corrupt state" // 'h' is the first byte of its own states
+			}
+			cases = append(cases, foreign{alg.String() + "/string", "hello", str},
+				foreign{alg.String() + "/hash", "", hash},
+				// Not a sliding log's: it lacks the log's state member.
+				foreign{alg.String() + "/sorted set", "", zset})
+		}
+		for _, tc := range cases {
 			key := uniqueKey(t, tc.name)
 			rkey := "{" + key + "}"
-			if tc.name == "hash" {
+			cfg := cfg
+			if alg, _, ok := strings.Cut(tc.name, "/"); ok {
+				cfg.Algorithm = algorithmNamed(alg)
+			}
+			switch {
+			case strings.HasSuffix(tc.name, "hash"):
 				c.HSet(ctx, rkey, "f", "v")
-			} else {
+			case strings.HasSuffix(tc.name, "sorted set"):
+				c.ZAdd(ctx, rkey, redis.Z{Score: 1, Member: "m"})
+			default:
 				c.Set(ctx, rkey, tc.value, 0)
 			}
 			_, err := b.Do(ctx, key, cfg, take)
 			if !errors.Is(err, ratelimit.ErrBackendUnavailable) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Do on a key holding a %s: %v; want ErrBackendUnavailable saying %q", tc.name, err, tc.want)
 			}
-			if tc.name != "hash" {
-				if got := c.Get(ctx, rkey).Val(); got != tc.value {
-					t.Errorf("the %s value became %q; want it left alone", tc.name, got)
-				}
+			if kind := c.Type(ctx, rkey).Val(); tc.value != "" && c.Get(ctx, rkey).Val() != tc.value || tc.value == "" && kind != "hash" && kind != "zset" {
+				t.Errorf("the %s value became a %s %q; want it left alone", tc.name, kind, c.Get(ctx, rkey).Val())
 			}
 		}
 	})
+}
+
+// algorithmNamed returns the algorithm whose String is name.
+func algorithmNamed(name string) ratelimit.Algorithm {
+	for alg := range ratelimit.Algorithm(numAlgorithms) {
+		if alg.String() == name {
+			return alg
+		}
+	}
+	panic("redistest: no algorithm " + name)
 }
