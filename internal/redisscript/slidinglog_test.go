@@ -130,7 +130,7 @@ func logRun(t *testing.T, c *redis.Client, key string, s *ratelimit.State, cfg r
 		t.Fatalf("%+v at %d: %v", req, now, err)
 	}
 	ttl := ceilDiv(s.ExpiresAt-now, 1000) + 60_000
-	if got := c.PTTL(ctx, call.Key).Val().Milliseconds(); got > ttl || got < ttl-1000 {
+	if got := c.PTTL(ctx, call.Key).Val().Milliseconds(); got > ttl || got < ttl-pttlSlack {
 		t.Fatalf("%+v at %d: PTTL %dms, want %dms", req, now, got, ttl)
 	}
 	return got
