@@ -44,6 +44,12 @@
 //     when cancelled.
 //   - Concurrency: concurrent callers on one key are admitted exactly the
 //     capacity. Run the suite with -race.
+//   - Algorithms: every algorithm besides the token bucket: exact counts
+//     per window, the boundary burst a fixed window allows and a sliding log
+//     does not, the sliding counter's weighing, a leaky bucket that never
+//     passes its capacity, GCRA deciding as the token bucket, several
+//     bandwidths, Reserve refused where it makes no sense, and a change of
+//     algorithm starting the bucket afresh.
 //
 // Scenarios reach the backend only through [ratelimit.Backend.Do],
 // [ratelimit.Limiter] and [ratelimit.Bucket], and assume nothing kept in
