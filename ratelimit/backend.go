@@ -66,8 +66,10 @@ func (o Op) String() string {
 // The window algorithms (FixedWindow, SlidingWindowLog,
 // SlidingWindowCounter) have no tokens to carry: across a config change
 // they keep the requests already counted, up to the new Capacity, unless
-// the strategy is ResetTokens, which forgets them. A change of
-// [Algorithm] always starts the bucket afresh.
+// the strategy is ResetTokens, which forgets them. GCRA and LeakyBucket
+// keep each bandwidth's arrival time, as redis_rate does, whatever the
+// strategy but ResetTokens. A change of [Algorithm] always starts the
+// bucket afresh.
 type Inheritance uint8
 
 const (

@@ -52,8 +52,10 @@ const (
 	// GCRA is the generic cell rate algorithm, as in redis_rate and
 	// redis-cell: a bucket keeps one theoretical arrival time per
 	// bandwidth. Capacity is the burst, and RefillTokens per RefillPeriod
-	// the rate; Refill must be Greedy. While the clock moves forward it
-	// decides exactly as a TokenBucket with Greedy refill. It supports every
+	// the rate; Refill must be Greedy. While the clock moves forward and
+	// the config does not change, it decides exactly as a TokenBucket with
+	// Greedy refill. A config change keeps each bandwidth's arrival time,
+	// as redis_rate does; only ResetTokens starts afresh. It supports every
 	// Op.
 	GCRA
 	// FixedWindow counts requests in a window of RefillPeriod that starts

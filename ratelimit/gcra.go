@@ -1,118 +1,203 @@
 package ratelimit
 
-import "math"
+import (
+	"math"
+	"math/bits"
+	"slices"
+	"time"
+)
 
 // GCRA and LeakyBucket share this file: the leaky bucket as a meter is the
 // generic cell rate algorithm seen from the bucket's side, and decides the
 // same. Only the State's Algorithm tells their buckets apart.
 //
-// A bandwidth has an emission interval T = Scale/Rate µs per token (whole
-// or not) and a theoretical arrival time (TAT): when it is full again if
-// nothing more is taken. A request of n tokens conforms at now when
+// A bandwidth emits a token every T = Scale/Rate µs, whole or not, and its
+// state is one theoretical arrival time (TAT): when it is full again if
+// nothing more is taken. In its BandState, Stamp is the TAT's whole µs and
+// Level its fraction f, 0 ≤ f < Rate, in 1/Rate µs, so that TAT = Stamp +
+// f/Rate exactly; ID, Capacity, Scale and Rate are the bandwidth's. A new
+// bucket's TAT is now + (Capacity − InitialTokens)×T: it holds
+// InitialTokens.
 //
-//	max(TAT, now) + n×T − now ≤ Capacity×T
+// At now a bandwidth is ahead = max(TAT − now, 0)×Rate scaled units short
+// of full; a clock that steps back finds its TAT further ahead, and that
+// counts (GCRA's own rule, no special case). With Capacity×Scale the burst
+// in scaled units:
 //
-// and then moves the TAT to max(TAT, now) + n×T. Every bandwidth must
-// conform; none moves otherwise.
+//   - n tokens conform iff ahead + n×Scale ≤ Capacity×Scale, and otherwise
+//     after ⌈(ahead + n×Scale − Capacity×Scale)/Rate⌉ µs;
+//   - taking them moves the TAT to max(TAT, now) + n×T;
+//   - Remaining is ⌊(Capacity×Scale − ahead)/Scale⌋, at least 0, and
+//     ConsumeUpTo takes the least Remaining of the bandwidths;
+//   - the bandwidth is full after ⌈ahead/Rate⌉ µs (ResetAfter), and the
+//     state expires as [State.ExpiresAt] says;
+//   - Add moves the TAT back n×T, but not before now: a refund;
+//   - Reserve takes on credit if, once taken, every TAT is at most
+//     maxHorizon µs ahead of now and ahead ≤ Capacity×Scale + MaxScaled:
+//     the token bucket's debt limits.
 //
-// The TAT is kept in the token bucket's form, with the token bucket's
-// meanings: Level scaled units at Stamp, so that
+// A request that takes nothing leaves the TATs as they are. While the clock
+// moves forward and the config does not change, a token bucket with Greedy
+// refill that holds Capacity×Scale − ahead scaled units decides by the same
+// rules, so GCRA decides exactly as a TokenBucket with Greedy refill,
+// reservations included.
 //
-//	TAT = Stamp + (Capacity×Scale − Level)/Rate
-//
-// exactly, in scaled units, with ID, Capacity, Scale and Rate the
-// bandwidth's. Stamp is the latest time the bucket has seen. The level
-// form, rather than the TAT's whole µs and fraction, is what a config
-// change needs: the tokens carry over as for a token bucket (the whole
-// tokens held at Stamp, then the time since refills at the new rate), and
-// the Redis scripts can store whole tokens in the old bandwidth's units,
-// where reading tokens off a TAT would take the old rate too, which their
-// layout has no room for.
-//
-// While the clock moves forward (Stamp ≤ now), the conformance test above
-// is the token bucket's, so GCRA decides exactly as a TokenBucket with
-// Greedy refill and leaves the same state. When the clock steps back
-// behind Stamp, GCRA keeps to its TAT: the lag Stamp − now counts against
-// every request, where the token bucket would let the tokens held at
-// Stamp be taken at once; and Add moves the TAT back by n×T but not before
-// Stamp.
+// A config change (or Replace) keeps each bandwidth's arrival time, as
+// redis_rate and redis-cell do: a bandwidth matched by ID, or by position
+// when neither has one, is full again when it would have been, whatever
+// the Strategy but ResetTokens, which starts it afresh. The TAT is rounded
+// up to a whole µs (its fraction counts in the old rate) and brought back,
+// if need be, within the new bandwidth's debt limits. A bandwidth with no
+// match starts as in a new bucket.
 
 // applyGCRA is [Apply] for [GCRA] and [LeakyBucket].
 func applyGCRA(s *State, cfg Config, req Request, now int64) (d Decision) {
 	fp := cfg.Fingerprint()
 	switch {
 	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt || s.Algorithm != cfg.Algorithm:
-		s.init(cfg, fp, now)
+		s.newTATs(cfg, fp, now)
 	case req.Op == Replace || s.Fingerprint != fp:
-		s.convert(cfg, fp, req.Strategy, now)
+		s.carryTATs(cfg, fp, req.Strategy, now)
 	}
 	bws := cfg.Bandwidths
-	for i := range bws {
-		refill(&bws[i], &s.Bands[i], now) // TAT = max(TAT, now)
-	}
 
 	d.Allowed = true
 	binding := -1 // the bandwidth with the fewest tokens left
 	switch req.Op {
-	case Consume, Estimate, Reserve, Inspect:
+	case Consume, Estimate, Reserve, Inspect, ConsumeUpTo:
 		n := req.Tokens
-		if req.Op == Inspect {
+		switch req.Op {
+		case Inspect:
 			n = 1
+		case ConsumeUpTo:
+			// What every bandwidth conforms, or a denial for lack of 1.
+			n = max(1, min(n, s.conformable(now)))
 		}
 		wait, slowest := s.conformWait(n, now)
 		switch {
-		case req.Op == Consume && wait == 0, req.Op == Reserve && s.canReserve(bws, n, wait, req.MaxWait):
-			s.take(n)
+		case (req.Op == Consume || req.Op == ConsumeUpTo) && wait == 0, req.Op == Reserve && s.canDefer(bws, n, wait, req.MaxWait, now):
+			for i := range s.Bands {
+				tatTake(&s.Bands[i], n, now)
+			}
 			d.Consumed, d.RetryAfter = n, micros(wait)
 		case wait > 0:
 			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
 		}
-	case ConsumeUpTo:
-		if n := min(req.Tokens, s.conformable(now)); n > 0 {
-			s.take(n)
-			d.Consumed = n
-		} else {
-			wait, slowest := s.conformWait(1, now)
-			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
-		}
 	case Add:
-		// The TAT moves back n×T, to Stamp at the earliest: the level
-		// rises by n tokens, to full at most. Capping the count at what
-		// fills the bandwidth keeps the product from overflowing.
 		for i := range s.Bands {
-			st := &s.Bands[i]
-			full := st.Capacity * st.Scale
-			st.Level = min(full, st.Level+min(req.Tokens, ceilDiv(full-st.Level, st.Scale))*st.Scale)
+			tatRefund(&s.Bands[i], req.Tokens, now)
 		}
 	}
-	s.settleTAT(&d, bws, binding, now)
+	s.settleTATs(&d, bws, binding, now)
 	return d
 }
 
-// tatLag is how far the clock is behind the bandwidth's Stamp, in µs: 0 unless
-// it stepped back. After refill, Stamp is never before now.
-func tatLag(st *BandState, now int64) int64 { return st.Stamp - now }
-
-// tatWait is the µs until st conforms n tokens:
-// max(TAT, now) + n×T − now − Capacity×T, rounded up, or 0.
-func tatWait(st *BandState, n, now int64) int64 {
-	return max(0, tatLag(st, now)+ceilDiv(n*st.Scale-st.Level, st.Rate))
-}
-
-// tatRemaining is the whole tokens st conforms at now: ⌊Capacity − (TAT −
-// now)/T⌋, or 0. The lag's product with the rate is formed only when it
-// is at most the level, so it cannot overflow.
-func tatRemaining(st *BandState, now int64) int64 {
-	lagged := tatLag(st, now)
-	if st.Level <= 0 || lagged > st.Level/st.Rate {
-		return 0
+// newTATs makes s the state of a new bucket for cfg.
+func (s *State) newTATs(cfg Config, fp uint64, now int64) {
+	n := len(cfg.Bandwidths)
+	s.Bands = slices.Grow(s.Bands[:0], n)[:n]
+	for i := range cfg.Bandwidths {
+		s.Bands[i] = newTAT(&cfg.Bandwidths[i], now)
 	}
-	return (st.Level - lagged*st.Rate) / st.Scale
+	s.Fingerprint, s.Algorithm, s.Log = fp, cfg.Algorithm, nil
 }
 
-// tatFull is the µs until st is full: TAT − now, rounded up.
-func tatFull(st *BandState, now int64) int64 {
-	return tatLag(st, now) + ceilDiv(st.Capacity*st.Scale-st.Level, st.Rate)
+// newTAT is b in a new bucket: its TAT (Capacity − InitialTokens)×T after
+// now.
+func newTAT(b *Bandwidth, now int64) BandState {
+	scale, rate := b.Units()
+	ahead := (b.Capacity - b.Initial()) * scale
+	return BandState{ID: b.ID, Capacity: b.Capacity, Scale: scale, Rate: rate, Level: ahead % rate, Stamp: now + ahead/rate}
+}
+
+// carryTATs rebuilds s for cfg, keeping each matched bandwidth's TAT as
+// the file comment says.
+func (s *State) carryTATs(cfg Config, fp uint64, strategy Inheritance, now int64) {
+	old := s.Bands
+	s.Bands = make([]BandState, len(cfg.Bandwidths))
+	for i := range cfg.Bandwidths {
+		b := &cfg.Bandwidths[i]
+		st := newTAT(b, now)
+		if j := match(old, b.ID, i); j >= 0 && strategy != ResetTokens {
+			tat := old[j].Stamp
+			if old[j].Level > 0 {
+				tat++ // a fraction in the old rate's units, rounded up
+			}
+			st.Stamp, st.Level = min(tat, now+maxAhead(b, &st)/st.Rate), 0
+		}
+		s.Bands[i] = st
+	}
+	s.Fingerprint = fp
+}
+
+// maxAhead is how far ahead of now, in scaled units, a reservation or a
+// config change may leave st's TAT: as far below full as the token
+// bucket's debt limit, minLevel, lets a level go.
+func maxAhead(b *Bandwidth, st *BandState) int64 {
+	return st.Capacity*st.Scale - minLevel(b, st)
+}
+
+// tatAhead is max(TAT − now, 0)×Rate, how far st is from full in scaled
+// units; math.MaxInt64 where that passes 2^62, beyond every limit it is
+// compared with (only a clock far behind the TAT gets there).
+func tatAhead(st *BandState, now int64) int64 {
+	if st.Stamp < now {
+		return 0 // the TAT, before Stamp + 1, has passed
+	}
+	hi, lo := bits.Mul64(uint64(st.Stamp-now), uint64(st.Rate))
+	if hi != 0 || lo > 1<<62 {
+		return math.MaxInt64
+	}
+	return int64(lo) + st.Level
+}
+
+// tatWait is the µs until st conforms n tokens, ⌈(ahead + n×Scale −
+// Capacity×Scale)/Rate⌉ or 0, summed from the TAT's whole µs ahead and
+// the rest so that no lag is multiplied by the rate. A TAT that has passed
+// leaves a sum of at most 0.
+func tatWait(st *BandState, n, now int64) int64 {
+	return max(0, st.Stamp-now+ceilDiv(st.Level+(n-st.Capacity)*st.Scale, st.Rate))
+}
+
+// tatRemaining is the whole tokens st conforms at now.
+func tatRemaining(st *BandState, now int64) int64 {
+	if left := st.Capacity*st.Scale - tatAhead(st, now); left > 0 {
+		return left / st.Scale
+	}
+	return 0
+}
+
+// tatTake moves st's TAT to max(TAT, now) + n×T, for n×Scale up to
+// Capacity×Scale.
+func tatTake(st *BandState, n, now int64) {
+	if st.Stamp < now {
+		st.Stamp, st.Level = now, 0
+	}
+	f := st.Level + n*st.Scale
+	st.Stamp, st.Level = st.Stamp+f/st.Rate, f%st.Rate
+}
+
+// tatRefund moves st's TAT back n×T, but not before now, for any n ≥ 1:
+// n×Scale is divided by Rate in 128 bits.
+func tatRefund(st *BandState, n, now int64) {
+	lag := st.Stamp - now
+	hi, lo := bits.Mul64(uint64(n), uint64(st.Scale))
+	if lag < 0 || hi >= uint64(st.Rate) {
+		st.Stamp, st.Level = now, 0 // passed already, or n×T is 2^64µs or more
+		return
+	}
+	a, b := bits.Div64(hi, lo, uint64(st.Rate)) // n×T = a + b/Rate µs
+	if a > uint64(lag) {
+		st.Stamp, st.Level = now, 0
+		return
+	}
+	st.Stamp, st.Level = st.Stamp-int64(a), st.Level-int64(b)
+	if st.Level < 0 {
+		st.Stamp, st.Level = st.Stamp-1, st.Level+st.Rate
+	}
+	if st.Stamp < now {
+		st.Stamp, st.Level = now, 0
+	}
 }
 
 // conformWait returns the µs until every bandwidth conforms n tokens, and
@@ -135,24 +220,42 @@ func (s *State) conformable(now int64) int64 {
 	return n
 }
 
-// settleTAT is settle for the TAT's conformance: it completes d with Limit,
-// Remaining and Bandwidth of the binding bandwidth (the one with the fewest
-// tokens left when binding is -1) and ResetAfter, the time until every TAT
-// has passed; and records when s expires.
-func (s *State) settleTAT(d *Decision, bws []Bandwidth, binding int, now int64) {
-	var resetAfter int64
+// canDefer reports whether n tokens that conform in wait µs may be taken
+// on credit: within maxWait, and leaving every TAT within its debt limits.
+func (s *State) canDefer(bws []Bandwidth, n, wait int64, maxWait time.Duration, now int64) bool {
+	if wait > int64(maxWait/time.Microsecond) {
+		return false
+	}
+	for i := range s.Bands {
+		st := s.Bands[i]
+		tatTake(&st, n, now)
+		if tatAhead(&st, now) > maxAhead(&bws[i], &st) {
+			return false
+		}
+	}
+	return true
+}
+
+// settleTATs completes d with Limit, Remaining and Bandwidth of the
+// binding bandwidth (the one with the fewest tokens left when binding is
+// -1) and ResetAfter, the time until every bandwidth is full; and records
+// when s expires: then, plus the time a new bucket takes to fill
+// (ExpiresAt's warm-up).
+func (s *State) settleTATs(d *Decision, bws []Bandwidth, binding int, now int64) {
+	var resetAfter, warmup int64
 	least := int64(math.MaxInt64)
 	for i := range s.Bands {
 		st := &s.Bands[i]
 		if r := tatRemaining(st, now); binding < 0 && r < least {
 			least, d.Limit, d.Remaining, d.Bandwidth = r, st.Capacity, r, bandName(bws, i)
 		}
-		resetAfter = max(resetAfter, tatFull(st, now))
+		resetAfter = max(resetAfter, tatWait(st, st.Capacity, now))
+		warmup = max(warmup, ceilDiv((st.Capacity-bws[i].Initial())*st.Scale, st.Rate))
 	}
 	if binding >= 0 {
 		st := &s.Bands[binding]
 		d.Limit, d.Remaining, d.Bandwidth = st.Capacity, tatRemaining(st, now), bandName(bws, binding)
 	}
 	d.ResetAfter = micros(resetAfter)
-	s.ExpiresAt = now + resetAfter + s.warmup(bws, now)
+	s.ExpiresAt = now + resetAfter + warmup
 }

@@ -66,27 +66,20 @@ func TestGCRASteps(t *testing.T) {
 			// At 95 the TAT, 103⅓, is 8⅓µs ahead: one more interval
 			// would pass the tolerance of 10µs until 97. A token bucket
 			// would hand out the 2 tokens it held at 100 at once.
-			"clock stepped back: the lag counts against the request",
+			"clock stepped back: the TAT counts from the clock",
 			gcraOf(thirds),
 			[]step{
 				{at: 100, req: consume(1), want: allowed(3, 2, 1, 4, "0")},
 				{at: 95, req: consume(1), want: denied(3, 0, 2, 9, "0")},
 				{at: 97, req: consume(1), want: allowed(3, 0, 1, 10, "0")},
-				// Add moves the TAT back to 100, the latest time seen,
-				// not to 95.
-				{at: 95, req: add(5), want: allowed(3, 1, 0, 5, "0")},
-				{at: 99, req: inspect(), want: allowed(3, 2, 0, 1, "0")},
-				{at: 100, req: inspect(), want: allowed(3, 3, 0, 0, "0")},
-			},
-		},
-		{
-			// As for a token bucket: 4 whole tokens at 0, then 500µs at
-			// the new rate of 2 per 1000µs.
-			"config change: the time since the last touch refills at the new rate",
-			gcraOf(oneMs.WithBurst(10).WithID("a")),
-			[]step{
-				{at: 0, req: consume(6), want: allowed(10, 4, 6, 6000, "a")},
-				{at: 500, cfg: ptr(gcraOf(Every(1000*us, 2).WithBurst(20).WithID("a"))), req: inspect(), want: allowed(20, 5, 0, 7500, "a")},
+				// Add moves the TAT back from 106⅔ to 103⅓, then to 95,
+				// the clock, and not before.
+				{at: 95, req: add(1), want: allowed(3, 0, 0, 9, "0")},
+				{at: 95, req: add(5), want: allowed(3, 3, 0, 0, "0")},
+				// A TAT of 105 is 11µs ahead of a clock at 94.
+				{at: 95, req: consume(3), want: allowed(3, 0, 3, 10, "0")},
+				{at: 94, req: inspect(), want: denied(3, 0, 5, 11, "0")},
+				{at: 100, req: inspect(), want: allowed(3, 1, 0, 5, "0")},
 			},
 		},
 		{
@@ -117,6 +110,78 @@ func TestGCRASteps(t *testing.T) {
 	}
 }
 
+// TestGCRAConfigChange: a config change keeps each matched bandwidth's
+// TAT, whatever the strategy but ResetTokens, rounded up to a whole µs and
+// within the new bandwidth's debt limits; others start afresh.
+func TestGCRAConfigChange(t *testing.T) {
+	old := gcraOf(oneMs.WithBurst(10).WithID("a"))
+	// The TAT, 6000, is 5500µs ahead at 500: 11 of the new 500µs
+	// intervals, so 9 of 20 tokens conform, where a token bucket would
+	// keep 4 tokens and refill 1 since: 5.
+	faster := gcraOf(Every(1000*us, 2).WithBurst(20).WithID("a"))
+	const year = 366 * 24 * time.Hour
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"the time until full carries over", []step{
+			{at: 0, req: consume(6), want: allowed(10, 4, 6, 6000, "a")},
+			{at: 500, cfg: &faster, req: inspect(), want: allowed(20, 9, 0, 5500, "a")},
+		}},
+		{"whatever the strategy", []step{
+			{at: 0, req: consume(6), want: allowed(10, 4, 6, 6000, "a")},
+			{at: 500, cfg: &faster, req: Request{Op: Inspect, Strategy: Proportionally}, want: allowed(20, 9, 0, 5500, "a")},
+			{at: 500, cfg: &faster, req: Request{Op: Replace, Strategy: Additive}, want: allowed(20, 9, 0, 5500, "a")},
+		}},
+		{"but ResetTokens", []step{
+			{at: 0, req: consume(6), want: allowed(10, 4, 6, 6000, "a")},
+			{at: 500, cfg: &faster, req: Request{Op: Replace, Strategy: ResetTokens}, want: allowed(20, 20, 0, 0, "a")},
+		}},
+		{"an unmatched bandwidth starts afresh", []step{
+			{at: 0, req: consume(6), want: allowed(10, 4, 6, 6000, "a")},
+			{at: 500, cfg: ptr(gcraOf(Every(1000*us, 2).WithBurst(20).WithID("b"), oneMs.WithBurst(10).WithInitialTokens(3))), req: inspect(), want: allowed(10, 3, 0, 7000, "1")},
+		}},
+		{
+			// A TAT of 3⅓ becomes 4: 12 scaled units ahead of 0, not 10,
+			// which leaves 2 whole tokens of 4, not 3.
+			"the fraction rounds up",
+			[]step{
+				{at: 0, cfg: ptr(gcraOf(thirds.WithID("a"))), req: consume(1), want: allowed(3, 2, 1, 4, "a")},
+				{at: 0, cfg: ptr(gcraOf(thirds.WithBurst(4).WithID("a"))), req: inspect(), want: allowed(4, 2, 0, 4, "a")},
+			},
+		},
+		{
+			// A token a year, reserved a year ahead: a TAT two years off.
+			// The new bandwidth gains 2^20 - 1 units a µs and may be
+			// 2^51 + 2^20 units ahead: 2147485697µs, about 36 minutes.
+			"within the new debt limits",
+			[]step{
+				{at: 0, cfg: ptr(gcraOf(Every(year, 1).WithID("a"))), req: consume(1), want: allowed(1, 0, 1, int64(year/us), "a")},
+				{at: 0, cfg: ptr(gcraOf(Every(year, 1).WithID("a"))), req: reserve(1, time.Duration(math.MaxInt64)), want: reserved(1, 0, 1, int64(year/us), 2*int64(year/us), "a")},
+				{at: 0, cfg: ptr(gcraOf(Every(1<<20*us, 1<<20-1).WithBurst(1).WithID("a"))), req: inspect(), want: denied(1, 0, 2147485697, 2147485697, "a")},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { runSteps(t, old, tt.steps) })
+	}
+}
+
+// TestGCRAState: the state is one TAT per bandwidth, its whole µs in
+// Stamp and its fraction, in 1/Rate µs, in Level.
+func TestGCRAState(t *testing.T) {
+	cfg := gcraOf(thirds.WithID("a"), PerSecond(10))
+	var s State
+	Apply(&s, cfg, consume(1), 1000)
+	want := []BandState{
+		{ID: "a", Capacity: 3, Scale: 10, Rate: 3, Level: 1, Stamp: 1003}, // 1003⅓
+		{Capacity: 10, Scale: 100000, Rate: 1, Stamp: 101000},
+	}
+	if !slices.Equal(s.Bands, want) || s.ExpiresAt != 101000 || s.Algorithm != GCRA {
+		t.Fatalf("state %+v; want bands %+v expiring at 101000", s, want)
+	}
+}
+
 // TestGCRAStateAlgorithm: a GCRA state is another algorithm's to a leaky
 // bucket, and the other way round, so it starts afresh.
 func TestGCRAStateAlgorithm(t *testing.T) {
@@ -132,21 +197,123 @@ func TestGCRAStateAlgorithm(t *testing.T) {
 }
 
 // TestGCRARetryAfterExact: for intervals that are not whole microseconds,
-// the tokens a denial lacked conform exactly at RetryAfter, not 1µs before.
+// the tokens a denial lacked conform exactly at RetryAfter, not 1µs before
+// (gcraChecked checks that).
 func TestGCRARetryAfterExact(t *testing.T) {
 	for period := int64(1); period <= 40; period++ {
 		for tokens := int64(1); tokens <= period; tokens++ {
 			cfg := gcraOf(Every(time.Duration(period)*us, tokens).WithBurst(5))
 			var s State
 			now := int64(1000)
-			applyChecked(t, &s, cfg, consume(5), now)
+			gcraChecked(t, &s, cfg, consume(5), now)
 			for n := int64(1); n <= 5; n++ {
-				d := applyChecked(t, &s, cfg, estimate(n), now)
+				d := gcraChecked(t, &s, cfg, estimate(n), now)
 				c := cloneState(&s)
-				if got := applyChecked(t, &c, cfg, consume(n), now+int64(d.RetryAfter/us)); !got.Allowed {
+				if got := gcraChecked(t, &c, cfg, consume(n), now+int64(d.RetryAfter/us)); !got.Allowed {
 					t.Fatalf("%d per %dµs: %d tokens denied at RetryAfter %v", tokens, period, n, d.RetryAfter)
 				}
 			}
+		}
+	}
+}
+
+// TestGCRAAddFarBehind: Add on a clock far behind the TAT moves it back
+// exactly n×T even where n×Scale passes 2^64, and to the clock at most
+// (gcraChecked checks the TATs).
+func TestGCRAAddFarBehind(t *testing.T) {
+	const year = 366 * 24 * time.Hour
+	for _, bw := range []Bandwidth{
+		Every(1<<40*us, 1<<40-1).WithBurst(1000),
+		Every(year, int64(year/us)-7).WithBurst(3),
+		Every(year-us, 1<<44+1).WithBurst(9),
+		Every(year, 1),
+	} {
+		cfg := gcraOf(bw)
+		var s State
+		now := int64(1 << 51)
+		gcraChecked(t, &s, cfg, reserve(bw.Capacity, math.MaxInt64), now)
+		gcraChecked(t, &s, cfg, reserve(bw.Capacity, math.MaxInt64), now)
+		for _, n := range []int64{1, 100000, 1 << 20, 3<<21 + 5, 1 << 30, 1 << 40, math.MaxInt64} {
+			gcraChecked(t, &s, cfg, add(n), now-1<<32)
+			gcraChecked(t, &s, cfg, reserve(bw.Capacity, math.MaxInt64), now)
+		}
+	}
+}
+
+// gcraTAT is st's TAT in µs, exactly.
+func gcraTAT(st *BandState) *big.Rat {
+	return gcraAdd(gcraRat(st.Stamp), big.NewRat(st.Level, st.Rate))
+}
+
+// gcraChecked is Apply on a GCRA or LeakyBucket state, checking its
+// contract: the decision and the state stay in range, and a copy of the
+// state gets the same; a state that is absent, expired, reset or another
+// algorithm's decides as a new bucket; a denial's RetryAfter is exact;
+// every op records when the state expires; and but for Reset and Replace,
+// every TAT is where the state as it was, brought to cfg, puts it: moved
+// to max(TAT, now) + Consumed×T by what takes, to max(TAT − Tokens×T, now)
+// by Add, and not at all by Estimate, Inspect or a denial.
+func gcraChecked(t *testing.T, s *State, cfg Config, req Request, now int64) Decision {
+	t.Helper()
+	if err := CheckRequest("key", cfg, req); err != nil {
+		t.Fatalf("bad call: %v", err)
+	}
+	stored, again := cloneState(s), cloneState(s)
+	want := Apply(&again, cfg, req, now)
+	d := Apply(s, cfg, req, now)
+	checkDecision(t, cfg, req, d)
+	if d != want || !equalStates(*s, again) {
+		t.Fatalf("%+v at %d = %+v, leaving %+v; on a copy = %+v, leaving %+v", req, now, d, *s, want, again)
+	}
+	if len(stored.Bands) == 0 || now >= stored.ExpiresAt || req.Op == Reset || stored.Algorithm != cfg.Algorithm {
+		var fresh State
+		if want := Apply(&fresh, cfg, req, now); d != want || !equalStates(*s, fresh) {
+			t.Fatalf("%+v at %d on %+v (absent, expired, reset or another algorithm's) = %+v, leaving %+v; want a new bucket's %+v, leaving %+v",
+				req, now, stored, d, *s, want, fresh)
+		}
+	}
+	checkRetryAfter(t, s, cfg, req, d, now)
+	checkExpiresAt(t, cfg, s, d, now)
+	gcraCheckState(t, cfg, s)
+	if req.Op == Reset || req.Op == Replace {
+		return d
+	}
+	base := refilledWith(&stored, cfg, req.Strategy, now)
+	clock := gcraRat(now)
+	for i := range base.Bands {
+		b := &base.Bands[i]
+		tat, interval := gcraTAT(b), big.NewRat(b.Scale, b.Rate)
+		switch {
+		case req.Op == Add:
+			tat = gcraMax(gcraSub(tat, gcraMul(gcraRat(req.Tokens), interval)), clock)
+		case d.Consumed > 0:
+			tat = gcraAdd(gcraMax(tat, clock), gcraMul(gcraRat(d.Consumed), interval))
+		}
+		if got := gcraTAT(&s.Bands[i]); got.Cmp(tat) != 0 {
+			t.Fatalf("%+v at %d (%+v) on %+v: Bands[%d]'s TAT is %v, want %v", req, now, d, stored, i, got.RatString(), tat.RatString())
+		}
+	}
+	return d
+}
+
+// gcraCheckState checks that s is a state of cfg within range: each
+// bandwidth's numbers, a fraction below its rate, and a TAT from 0 to the
+// expiry.
+func gcraCheckState(t *testing.T, cfg Config, s *State) {
+	t.Helper()
+	if s.Fingerprint != cfg.Fingerprint() || s.Algorithm != cfg.Algorithm || len(s.Bands) != len(cfg.Bandwidths) || s.Log != nil {
+		t.Fatalf("state %+v was not built for config %s", *s, describe(cfg))
+	}
+	for i := range s.Bands {
+		b, st := &cfg.Bandwidths[i], &s.Bands[i]
+		scale, rate := b.Units()
+		switch {
+		case *st != BandState{ID: b.ID, Capacity: b.Capacity, Scale: scale, Rate: rate, Level: st.Level, Stamp: st.Stamp}:
+			t.Fatalf("Bands[%d] = %+v, want ID %q, Capacity %d, Scale %d, Rate %d", i, *st, b.ID, b.Capacity, scale, rate)
+		case st.Level < 0 || st.Level >= st.Rate:
+			t.Fatalf("Bands[%d] = %+v: fraction beyond 0 to Rate", i, *st)
+		case st.Stamp < 0 || gcraCeil(gcraTAT(st)) > s.ExpiresAt:
+			t.Fatalf("Bands[%d] = %+v: TAT before 0 or after the expiry %d", i, *st, s.ExpiresAt)
 		}
 	}
 }
@@ -214,11 +381,32 @@ func gcraHistory(steps []gcraStep) string {
 	return b.String()
 }
 
+// gcraSameAsTokenBucket compares a GCRA state with a token bucket's of the
+// same bandwidths at now, both just used: the token bucket, refilled to
+// now, holds Capacity×Scale less what the TAT is ahead, max(TAT, now) − now,
+// in scaled units.
+func gcraSameAsTokenBucket(gcra, tb *State, now int64) error {
+	if gcra.ExpiresAt != tb.ExpiresAt || len(gcra.Bands) != len(tb.Bands) {
+		return fmt.Errorf("expiring at %d, not %d; or not as many bandwidths", gcra.ExpiresAt, tb.ExpiresAt)
+	}
+	for i := range gcra.Bands {
+		g, b := &gcra.Bands[i], &tb.Bands[i]
+		ahead := gcraMul(gcraSub(gcraMax(gcraTAT(g), gcraRat(now)), gcraRat(now)), gcraRat(g.Rate))
+		if b.Stamp != now || ahead.Cmp(gcraRat(b.Capacity*b.Scale-b.Level)) != 0 {
+			return fmt.Errorf("Bands[%d]: TAT %v ahead of %d by %v units; the token bucket's %+v", i, gcraTAT(g).RatString(), now, ahead.RatString(), *b)
+		}
+	}
+	return nil
+}
+
 // TestGCRAMatchesTokenBucket runs seeded random sequences on a clock that
 // never goes back, switching between two configs now and then, through a
 // GCRA, a TokenBucket and (in a third of them, with no Reserve) a
-// LeakyBucket of the same bandwidths: every decision must be the same, and
-// so must the states.
+// LeakyBucket of the same bandwidths. Every request's Strategy is
+// ResetTokens: a config change then starts each afresh, while any other
+// keeps tokens in a token bucket and arrival times in GCRA. Every decision
+// must be the same, the token bucket must hold what each TAT leaves, and
+// the leaky bucket's state must be GCRA's.
 func TestGCRAMatchesTokenBucket(t *testing.T) {
 	sequences, steps := 4000, 40
 	if testing.Short() {
@@ -243,6 +431,7 @@ func TestGCRAMatchesTokenBucket(t *testing.T) {
 			}
 			cfg := cfgs[cur]
 			req := randRequest(r, cfg)
+			req.Strategy = ResetTokens
 			if leaky && req.Op == Reserve {
 				req.Op, req.MaxWait = Consume, 0
 			}
@@ -254,8 +443,8 @@ func TestGCRAMatchesTokenBucket(t *testing.T) {
 				t.Fatalf("seed %d, step %d: %+v at %dµs\ncfg 0: %s\ncfg 1: %s\nsteps:\n%s%s", seed, i, req, now,
 					describe(cfgs[0]), describe(cfgs[1]), gcraHistory(log), fmt.Sprintf(format, args...))
 			}
-			if got != want || !slices.Equal(gcra.Bands, tb.Bands) || gcra.ExpiresAt != tb.ExpiresAt {
-				fail("GCRA %+v, state %+v\nTokenBucket %+v, state %+v", got, gcra, want, tb)
+			if err := gcraSameAsTokenBucket(&gcra, &tb, now); got != want || err != nil {
+				fail("GCRA %+v, state %+v\nTokenBucket %+v, state %+v\n%v", got, gcra, want, tb, err)
 			}
 			if !leaky {
 				continue
@@ -267,11 +456,11 @@ func TestGCRAMatchesTokenBucket(t *testing.T) {
 	}
 }
 
-// gcraModel is a naive GCRA, the reference for the clock that steps back:
-// it keeps each bandwidth's TAT as an exact fraction of a microsecond, and
-// the latest time the bandwidth has seen, and decides by the conformance
-// test as written, with no scaled units but for the debt limit, which is
-// defined in them.
+// gcraModel is a naive GCRA, the reference for the clock that steps back
+// and the config that changes: it keeps each bandwidth's TAT as an exact
+// fraction of a microsecond and decides by the rules as gcra.go states
+// them, with no scaled units but for the debt limit, which is defined in
+// them.
 type gcraModel struct {
 	alg     Algorithm
 	fp      uint64
@@ -280,10 +469,9 @@ type gcraModel struct {
 }
 
 type gcraModelBand struct {
-	bw    Bandwidth
-	t     *big.Rat // the emission interval, µs per token
-	tat   *big.Rat
-	stamp int64
+	bw  Bandwidth
+	t   *big.Rat // the emission interval, µs per token
+	tat *big.Rat
 }
 
 func gcraRat(n int64) *big.Rat { return new(big.Rat).SetInt64(n) }
@@ -303,21 +491,34 @@ func gcraMax(a, b *big.Rat) *big.Rat {
 	return b
 }
 
-// horizon is how far, in µs, a reservation may leave the TAT ahead of the
-// stamp: 2^51µs, and 2^51 scaled units of debt.
+func gcraMin(a, b *big.Rat) *big.Rat {
+	if a.Cmp(b) <= 0 {
+		return a
+	}
+	return b
+}
+
+// horizon is how far, in µs, a TAT may be ahead of the clock after a
+// reservation or a config change: 2^51µs, and 2^51 scaled units beyond
+// empty.
 func (b *gcraModelBand) horizon() *big.Rat {
 	_, rate := b.bw.Units()
-	h := gcraAdd(gcraMul(gcraRat(b.bw.Capacity), b.t), big.NewRat(MaxScaled, rate))
-	if limit := gcraRat(maxHorizon); h.Cmp(limit) > 0 {
-		return limit
-	}
-	return h
+	return gcraMin(gcraAdd(gcraMul(gcraRat(b.bw.Capacity), b.t), big.NewRat(MaxScaled, rate)), gcraRat(maxHorizon))
 }
 
 func gcraNewModelBand(bw Bandwidth, now int64) gcraModelBand {
-	b := gcraModelBand{bw: bw, t: big.NewRat(bw.PeriodMicros(), bw.RefillTokens), stamp: now}
+	b := gcraModelBand{bw: bw, t: big.NewRat(bw.PeriodMicros(), bw.RefillTokens)}
 	b.tat = gcraAdd(gcraRat(now), gcraMul(gcraRat(bw.Capacity-bw.Initial()), b.t))
 	return b
+}
+
+// ahead is max(TAT − now, 0) in µs.
+func (b *gcraModelBand) ahead(now int64) *big.Rat {
+	return gcraSub(gcraMax(b.tat, gcraRat(now)), gcraRat(now))
+}
+
+func (b *gcraModelBand) remaining(now int64) int64 {
+	return max(0, gcraFloor(gcraSub(gcraRat(b.bw.Capacity), gcraQuo(b.ahead(now), b.t))))
 }
 
 func (m *gcraModel) apply(cfg Config, req Request, now int64) Decision {
@@ -332,11 +533,6 @@ func (m *gcraModel) apply(cfg Config, req Request, now int64) Decision {
 		m.convert(cfg, req.Strategy, now)
 	}
 	m.alg, m.fp = cfg.Algorithm, fp
-	for i := range m.bands {
-		if b := &m.bands[i]; now > b.stamp {
-			b.tat, b.stamp = gcraMax(b.tat, gcraRat(now)), now
-		}
-	}
 	d := Decision{Allowed: true}
 	binding := -1
 	switch req.Op {
@@ -347,8 +543,8 @@ func (m *gcraModel) apply(cfg Config, req Request, now int64) Decision {
 		}
 		wait, slowest := m.wait(n, now)
 		switch {
-		case req.Op == Consume && wait == 0, req.Op == Reserve && wait <= int64(req.MaxWait/us) && m.withinHorizon(n):
-			m.take(n)
+		case req.Op == Consume && wait == 0, req.Op == Reserve && wait <= int64(req.MaxWait/us) && m.withinHorizon(n, now):
+			m.take(n, now)
 			d.Consumed, d.RetryAfter = n, micros(wait)
 		case wait > 0:
 			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
@@ -359,7 +555,7 @@ func (m *gcraModel) apply(cfg Config, req Request, now int64) Decision {
 			n = min(n, m.bands[i].remaining(now))
 		}
 		if n > 0 {
-			m.take(n)
+			m.take(n, now)
 			d.Consumed = n
 		} else {
 			wait, slowest := m.wait(1, now)
@@ -368,8 +564,7 @@ func (m *gcraModel) apply(cfg Config, req Request, now int64) Decision {
 	case Add:
 		for i := range m.bands {
 			b := &m.bands[i]
-			back := gcraSub(b.tat, gcraMul(gcraRat(req.Tokens), b.t))
-			b.tat = gcraMax(back, gcraRat(b.stamp))
+			b.tat = gcraMax(gcraSub(b.tat, gcraMul(gcraRat(req.Tokens), b.t)), gcraRat(now))
 		}
 	}
 	var reset, warmup int64
@@ -379,7 +574,7 @@ func (m *gcraModel) apply(cfg Config, req Request, now int64) Decision {
 		if r := b.remaining(now); fewest && r < least {
 			least, binding = r, i
 		}
-		reset = max(reset, gcraCeil(gcraSub(b.tat, gcraRat(now))))
+		reset = max(reset, gcraCeil(b.ahead(now)))
 		warmup = max(warmup, gcraCeil(gcraMul(gcraRat(b.bw.Capacity-b.bw.Initial()), b.t)))
 	}
 	b := &m.bands[binding]
@@ -389,9 +584,9 @@ func (m *gcraModel) apply(cfg Config, req Request, now int64) Decision {
 	return d
 }
 
-// convert carries each matched bandwidth's whole tokens at its stamp over
-// by strategy, no lower than the new bandwidth's debt limit, and refills
-// from that stamp at the new rate.
+// convert keeps each matched bandwidth's TAT, rounded up to a whole µs and
+// at most the new horizon ahead of now, rounded down; ResetTokens, or no
+// match, starts a bandwidth afresh.
 func (m *gcraModel) convert(cfg Config, strategy Inheritance, now int64) {
 	old := m.bands
 	m.bands = nil
@@ -402,20 +597,8 @@ func (m *gcraModel) convert(cfg Config, strategy Inheritance, now int64) {
 			j = i
 		}
 		if strategy != ResetTokens && j >= 0 {
-			o := &old[j]
-			oldCap, newCap := o.bw.Capacity, bw.Capacity
-			tokens := gcraFloor(gcraSub(gcraRat(oldCap), gcraQuo(gcraSub(o.tat, gcraRat(o.stamp)), o.t)))
-			switch strategy {
-			case Proportionally:
-				tokens = gcraFloor(gcraMul(gcraRat(tokens), big.NewRat(newCap, oldCap)))
-			case Additive:
-				tokens = min(tokens, newCap) + max(0, newCap-oldCap)
-			default:
-				tokens = min(tokens, newCap)
-			}
-			least := gcraCeil(gcraSub(gcraRat(newCap), gcraQuo(nb.horizon(), nb.t)))
-			nb.stamp = o.stamp
-			nb.tat = gcraAdd(gcraRat(o.stamp), gcraMul(gcraRat(newCap-max(tokens, least)), nb.t))
+			last := gcraFloor(gcraAdd(gcraRat(now), nb.horizon()))
+			nb.tat = gcraRat(min(gcraCeil(old[j].tat), last))
 		}
 		m.bands = append(m.bands, nb)
 	}
@@ -425,7 +608,7 @@ func (m *gcraModel) convert(cfg Config, strategy Inheritance, now int64) {
 func (m *gcraModel) wait(n, now int64) (wait int64, slowest int) {
 	for i := range m.bands {
 		b := &m.bands[i]
-		late := gcraSub(gcraAdd(b.tat, gcraMul(gcraRat(n-b.bw.Capacity), b.t)), gcraRat(now))
+		late := gcraAdd(b.ahead(now), gcraMul(gcraRat(n-b.bw.Capacity), b.t))
 		if w := gcraCeil(late); w > wait {
 			wait, slowest = w, i
 		}
@@ -433,48 +616,41 @@ func (m *gcraModel) wait(n, now int64) (wait int64, slowest int) {
 	return wait, slowest
 }
 
-func (m *gcraModel) withinHorizon(n int64) bool {
+func (m *gcraModel) withinHorizon(n, now int64) bool {
 	for i := range m.bands {
 		b := &m.bands[i]
-		ahead := gcraSub(gcraAdd(b.tat, gcraMul(gcraRat(n), b.t)), gcraRat(b.stamp))
-		if ahead.Cmp(b.horizon()) > 0 {
+		if gcraAdd(b.ahead(now), gcraMul(gcraRat(n), b.t)).Cmp(b.horizon()) > 0 {
 			return false
 		}
 	}
 	return true
 }
 
-func (m *gcraModel) take(n int64) {
+func (m *gcraModel) take(n, now int64) {
 	for i := range m.bands {
 		b := &m.bands[i]
-		b.tat = gcraAdd(b.tat, gcraMul(gcraRat(n), b.t))
+		b.tat = gcraAdd(gcraMax(b.tat, gcraRat(now)), gcraMul(gcraRat(n), b.t))
 	}
 }
 
-func (b *gcraModelBand) remaining(now int64) int64 {
-	ahead := gcraQuo(gcraSub(b.tat, gcraRat(now)), b.t)
-	return max(0, gcraFloor(gcraSub(gcraRat(b.bw.Capacity), ahead)))
-}
-
 // gcraCheckModel compares s with the model's state: each bandwidth's TAT,
-// Stamp + (Capacity×Scale − Level)/Rate, its stamp, and the expiry.
+// and the expiry.
 func gcraCheckModel(s *State, m *gcraModel) error {
 	if len(s.Bands) != len(m.bands) || s.ExpiresAt != m.expires {
 		return fmt.Errorf("%d bandwidths expiring at %d, want %d at %d", len(s.Bands), s.ExpiresAt, len(m.bands), m.expires)
 	}
-	for i, st := range s.Bands {
-		tat := gcraAdd(gcraRat(st.Stamp), big.NewRat(st.Capacity*st.Scale-st.Level, st.Rate))
-		if b := &m.bands[i]; tat.Cmp(b.tat) != 0 || st.Stamp != b.stamp {
-			return fmt.Errorf("Bands[%d] = %+v: TAT %v at stamp %d, want %v at %d", i, st, tat.RatString(), st.Stamp, b.tat.RatString(), b.stamp)
+	for i := range s.Bands {
+		if tat := gcraTAT(&s.Bands[i]); tat.Cmp(m.bands[i].tat) != 0 {
+			return fmt.Errorf("Bands[%d] = %+v: TAT %v, want %v", i, s.Bands[i], tat.RatString(), m.bands[i].tat.RatString())
 		}
 	}
 	return nil
 }
 
 // TestGCRAMatchesModel runs seeded random sequences with the clock moving
-// ahead and stepping back, on two configs in turn, through Apply (checked
-// by applyChecked) and the naive model: decisions, TATs, stamps and
-// expiries must be equal.
+// ahead and stepping back, on two configs in turn, with every strategy,
+// through Apply (checked by gcraChecked) and the naive model: decisions,
+// TATs and expiries must be equal.
 func TestGCRAMatchesModel(t *testing.T) {
 	sequences, steps := 1000, 40
 	if testing.Short() {
@@ -488,6 +664,9 @@ func TestGCRAMatchesModel(t *testing.T) {
 			alg = LeakyBucket
 		}
 		cfgs := [2]Config{gcraAs(gcraRandConfig(r, huge), alg), gcraAs(gcraRandConfig(r, huge), alg)}
+		if !huge && r.IntN(2) == 0 {
+			cfgs[1] = gcraAs(replan(r, cfgs[0]), alg)
+		}
 		var (
 			s   State
 			m   gcraModel
@@ -511,7 +690,7 @@ func TestGCRAMatchesModel(t *testing.T) {
 			if !alg.Supports(req.Op) {
 				req.Op, req.MaxWait = Consume, 0
 			}
-			got := applyChecked(t, &s, cfg, req, now)
+			got := gcraChecked(t, &s, cfg, req, now)
 			want := m.apply(cfg, req, now)
 			log = append(log, gcraStep{now, cur, req, got})
 			err := gcraCheckModel(&s, &m)
@@ -535,10 +714,11 @@ func gcraFuzzConfig(in *fuzzInput, alg Algorithm) Config {
 }
 
 // FuzzGCRA decodes two configs and a run of requests and clock moves from
-// the input, and checks after every request Apply's contract
-// (applyChecked: bounds, no tokens taken by a denial, exact RetryAfter and
-// expiry), the naive model's decision and TATs, the bound on the expiry,
-// and, until the clock first steps back, the token bucket's decision.
+// the input, and checks after every request Apply's contract (gcraChecked:
+// bounds, no TAT moved by a denial, exact RetryAfter and expiry), the
+// naive model's decision and TATs, the bound on the expiry, and, until the
+// clock first steps back or the config changes with a strategy other than
+// ResetTokens, the token bucket's decision.
 func FuzzGCRA(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte("\x00\x00\x00\x00\x05\x00\x05\x00\x05\x01"))
@@ -562,7 +742,7 @@ func FuzzGCRA(f *testing.F) {
 		var m gcraModel
 		cur := 0
 		now := in.in(0, maxClock-1)
-		latest, forward := now, true
+		latest, asTokenBucket := now, true
 		for len(in) > 0 {
 			switch k := in.byte() % 16; {
 			case k < 10:
@@ -571,7 +751,10 @@ func FuzzGCRA(f *testing.F) {
 				if !alg.Supports(req.Op) {
 					req.Op, req.MaxWait = Consume, 0
 				}
-				d := applyChecked(t, &s, cfg, req, now)
+				if (req.Op == Replace || len(s.Bands) > 0 && s.Fingerprint != cfg.Fingerprint()) && req.Strategy != ResetTokens {
+					asTokenBucket = false
+				}
+				d := gcraChecked(t, &s, cfg, req, now)
 				if want := m.apply(cfg, req, now); d != want {
 					t.Fatalf("%+v at %d = %+v; the model decides %+v", req, now, d, want)
 				}
@@ -581,7 +764,7 @@ func FuzzGCRA(f *testing.F) {
 				if s.ExpiresAt-latest > 1<<52 {
 					t.Fatalf("ExpiresAt = %d, more than 2^52µs after the latest clock, %d", s.ExpiresAt, latest)
 				}
-				if forward {
+				if asTokenBucket {
 					if want := Apply(&tb, gcraAs(cfg, TokenBucket), req, now); d != want {
 						t.Fatalf("%+v at %d = %+v; a token bucket decides %+v", req, now, d, want)
 					}
@@ -591,7 +774,7 @@ func FuzzGCRA(f *testing.F) {
 				latest = max(latest, now)
 			case k < 14:
 				now = max(0, now-in.in(0, 1<<32))
-				forward = false
+				asTokenBucket = false
 			default:
 				cur = 1 - cur
 			}

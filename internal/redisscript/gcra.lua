@@ -1,190 +1,211 @@
 -- sluice GCRA and leaky bucket: one atomic decision on the bucket at KEYS[1].
 --
--- This is applyGCRA (ratelimit/gcra.go) written in Lua, for both
--- algorithms: the format byte keeps their states apart. The two must agree
--- to the microsecond and the scaled unit, and the tests of
--- internal/redisscript compare them state for state. Read gcra.go for the
--- why of each rule; the comments here are about Lua.
+-- This is applyGCRA (ratelimit/gcra.go) in Lua, for both algorithms: the
+-- format byte keeps their states apart. Read gcra.go for the rules; the
+-- comments here are about Lua. Bandwidth i's theoretical arrival time
+-- (TAT) is tat[i] + frac[i] / rate µs, with 0 <= frac[i] < rate.
 --
--- The stored value is prelude.lua's layout with the token bucket's pairs:
--- (capacity, whole tokens: floor(level / scale)) and (fraction: the rest of
--- the level in scaled units, expiry - stamp). Bandwidth i's theoretical
--- arrival time is stamp + (capacity * scale - level) / rate; gcra.go says
--- why the level is kept rather than the TAT. Every bandwidth is greedy.
+-- The stored value is prelude.lua's layout, whose pairs per bandwidth are
+-- (frac, expiry - tat) and (0, 0): the TAT, all a config change needs
+-- besides the ID. The expiry is the latest TAT rounded up (plus a new
+-- bucket's warm-up, with initial tokens below capacity), so one bandwidth
+-- of 10 a second or 100 a minute without an ID takes 22 bytes.
 
-local MAX_SCALED = 2 ^ 51
-local MAX_HORIZON = 2 ^ 51
-local OLD_CAP, OLD_TOKENS, OLD_FRACTION, OLD_BACK = OLD_U1, OLD_S1, OLD_U2, OLD_S2
-
--- minLevel is the lowest level reservations may take bandwidth i to.
-local function minLevel(i)
-  local c = 8 * i
-  local f, debt = cfg[c + CAP] * cfg[c + SCALE], MAX_HORIZON * cfg[c + RATE]
-  if debt >= f + MAX_SCALED then
-    return -MAX_SCALED
-  end
-  return f - debt
-end
-
--- Apply, as in ratelimit/gcra.go.
+local OLD_FRAC, OLD_BACK = OLD_U1, OLD_S1
 
 local raw, n, oldFp, exp, old = readState()
 if raw == nil then
   return n -- the error
 end
 if raw then
+  -- An expiry past 2^53, or a TAT after it or before 0, is no state this
+  -- script wrote.
+  if exp > SATURATED then
+    return corrupt()
+  end
   for j = 1, n do
-    local cap, tokens = old[5 * j + OLD_CAP], old[5 * j + OLD_TOKENS]
-    if cap < 1 or cap > 2 ^ 50 or tokens > cap or tokens < -MAX_SCALED or old[5 * j + OLD_FRACTION] >= MAX_SCALED then
+    local back = old[5 * j + OLD_BACK]
+    if back < 0 or back > exp then
       return corrupt()
     end
   end
 end
 
--- level[i] and stamp[i] are bandwidth i's state, built for cfg.
-local level, stamp = {}, {}
+-- maxAhead is how far ahead of now, in scaled units, bandwidth i's TAT may
+-- be after a reservation: 2^51µs, and 2^51 units beyond empty. The first
+-- product is rounded past 2^53, and then not returned.
+local function maxAhead(i)
+  local c = 8 * i
+  local horizon, debt = 2 ^ 51 * cfg[c + RATE], cfg[c + CAP] * cfg[c + SCALE] + 2 ^ 51
+  if horizon < debt then
+    return horizon
+  end
+  return debt
+end
+
+local tat, frac = {}, {}
+
+-- start makes bandwidth i a new bucket's, holding its initial tokens.
+local function start(i)
+  local c = 8 * i
+  local rate, x = cfg[c + RATE], (cfg[c + CAP] - cfg[c + INITIAL]) * cfg[c + SCALE]
+  local f = x % rate
+  tat[i], frac[i] = now + (x - f) / rate, f
+end
+
 if not raw or op == RESET or now >= exp then
   for i = 1, count do
-    level[i], stamp[i] = cfg[8 * i + INITIAL] * cfg[8 * i + SCALE], now
+    start(i)
   end
 elseif op == REPLACE or oldFp ~= fp or n ~= count then
-  -- A config change.
+  -- A config change: a matched bandwidth keeps its TAT, rounded up to a
+  -- whole µs and within the new debt limits.
   for i = 1, count do
-    local c = 8 * i
-    local scale = cfg[c + SCALE]
-    level[i], stamp[i] = cfg[c + INITIAL] * scale, now
     local j = match(i, old, n)
-    if strategy ~= RESET_TOKENS and j then
-      local o = 5 * j
-      local t = inherit(old[o + OLD_TOKENS], old[o + OLD_CAP], cfg[c + CAP])
-      local least = minLevel(i)
-      least = (least + -least % scale) / scale
-      if t < least then
-        t = least
+    if strategy == RESET_TOKENS or not j then
+      start(i)
+    else
+      local t, rate, limit = exp - old[5 * j + OLD_BACK], cfg[8 * i + RATE], maxAhead(i)
+      if old[5 * j + OLD_FRAC] > 0 then
+        t = t + 1
       end
-      level[i], stamp[i] = t * scale, exp - old[o + OLD_BACK]
+      limit = now + (limit - limit % rate) / rate
+      if t > limit then
+        t = limit
+      end
+      tat[i], frac[i] = t, 0
     end
   end
 else
   for i = 1, count do
-    local o, cap, scale = 5 * i, cfg[8 * i + CAP], cfg[8 * i + SCALE]
-    local fraction = old[o + OLD_FRACTION]
-    local l = old[o + OLD_TOKENS] * scale + fraction
-    if old[o + OLD_CAP] ~= cap or fraction >= scale or l > cap * scale or l < -MAX_SCALED then
+    local f = old[5 * i + OLD_FRAC]
+    if f >= cfg[8 * i + RATE] then
       return corrupt()
     end
-    level[i], stamp[i] = l, exp - old[o + OLD_BACK]
+    tat[i], frac[i] = exp - old[5 * i + OLD_BACK], f
   end
 end
 
--- Refill: the TAT becomes max(TAT, now). A product past 2^53 is inexact,
--- but then so far past the capacity that the sum is still capped.
-for i = 1, count do
-  if now > stamp[i] then
-    local c = 8 * i
-    local f = cfg[c + CAP] * cfg[c + SCALE]
-    local l = level[i] + (now - stamp[i]) * cfg[c + RATE]
-    if l > f then
-      l = f
-    end
-    level[i], stamp[i] = l, now
-  end
-end
-
--- From here on stamp[i] >= now; stamp[i] - now is the lag of a clock that
--- stepped back.
-
--- waitFor is the µs until every bandwidth conforms t tokens, and the
--- bandwidth that takes longest.
-local function waitFor(t)
-  local wait, slowest = 0, 1
-  for i = 1, count do
-    local c = 8 * i
-    local rate, short = cfg[c + RATE], t * cfg[c + SCALE] - level[i]
-    local w = stamp[i] - now + (short + -short % rate) / rate
-    if w > wait then
-      wait, slowest = w, i
-    end
-  end
-  return wait, slowest
-end
-
--- whole is the whole tokens bandwidth i conforms now, none when in debt or
--- lagging past its level (the product is then only compared).
+-- whole is the whole tokens bandwidth i conforms now: its burst less how
+-- far its TAT is ahead, in scaled units. That product is rounded past
+-- 2^53, and the difference then far below 0.
 local function whole(i)
   local c = 8 * i
-  local l = level[i] - (stamp[i] - now) * cfg[c + RATE]
-  if l <= 0 then
+  local cap, scale = cfg[c + CAP], cfg[c + SCALE]
+  if tat[i] < now then
+    return cap
+  end
+  local x = cap * scale - (tat[i] - now) * cfg[c + RATE] - frac[i]
+  if x <= 0 then
     return 0
   end
-  local scale = cfg[c + SCALE]
-  return (l - l % scale) / scale
+  return (x - x % scale) / scale
 end
 
-local function take(t)
-  for i = 1, count do
-    level[i] = level[i] - t * cfg[8 * i + SCALE]
+-- after is bandwidth i's TAT once t more tokens are taken.
+local function after(i, t)
+  local s, f = tat[i], frac[i]
+  if s < now then
+    s, f = now, 0
   end
+  local rate = cfg[8 * i + RATE]
+  f = f + t * cfg[8 * i + SCALE]
+  local r = f % rate
+  return s + (f - r) / rate, r
+end
+
+-- span is t tokens of bandwidth i in µs, t * scale = a * rate + b, as a
+-- and b: exact for t < 2^53 while a is below 2^53. A product past 2^53 is
+-- multiplied out by 7-bit digits of t, every partial sum below 2^53
+-- (scale and rate are below 2^45).
+local function span(i, t)
+  local scale, rate = cfg[8 * i + SCALE], cfg[8 * i + RATE]
+  local x = t * scale
+  if x < SATURATED then
+    local b = x % rate
+    return (x - b) / rate, b
+  end
+  local a, b = 0, 0
+  for k = 49, 0, -7 do
+    local p = 2 ^ k
+    local d = t % (128 * p)
+    x = b * 128 + (d - d % p) / p * scale
+    b = x % rate
+    a = a * 128 + (x - b) / rate
+  end
+  return a, b
 end
 
 local allowed, consumed, retry, binding = 1, 0, 0, 0
-if op == CONSUME or op == ESTIMATE or op == RESERVE or op == INSPECT then
+if op == ADD then
+  -- Each TAT moves back tokens * T, to now at the earliest. T is at least
+  -- 1µs: more tokens than whole µs ahead reach now.
+  for i = 1, count do
+    local s, f = now, 0
+    if tokens <= tat[i] - now then
+      local a, b = span(i, tokens)
+      s, f = tat[i] - a, frac[i] - b
+      if f < 0 then
+        s, f = s - 1, f + cfg[8 * i + RATE]
+      end
+      if s < now then
+        s, f = now, 0
+      end
+    end
+    tat[i], frac[i] = s, f
+  end
+elseif op ~= RESET and op ~= REPLACE then
+  -- ConsumeUpTo consumes what every bandwidth conforms, or is denied 1.
   local t = tokens
   if op == INSPECT then
     t = 1
-  end
-  local wait, slowest = waitFor(t)
-  local take_ = op == CONSUME and wait == 0
-  if op == RESERVE and wait <= maxWait then
-    -- Reserve takes on credit down to each bandwidth's debt limit.
-    take_ = true
+  elseif op == CONSUME_UP_TO then
     for i = 1, count do
-      if level[i] - t * cfg[8 * i + SCALE] < minLevel(i) then
-        take_ = false
+      local r = whole(i)
+      if r < t then
+        t = r
+      end
+    end
+    if t == 0 then
+      t = 1
+    end
+  end
+  -- The wait: the longest until a bandwidth conforms t tokens.
+  local w = 0
+  for i = 1, count do
+    local c = 8 * i
+    local rate, x = cfg[c + RATE], frac[i] + (t - cfg[c + CAP]) * cfg[c + SCALE]
+    x = tat[i] - now + (x + -x % rate) / rate
+    if x > w then
+      w, binding = x, i
+    end
+  end
+  local ok = w == 0 and (op == CONSUME or op == CONSUME_UP_TO)
+  if op == RESERVE and w <= maxWait then
+    -- Credit, while every TAT stays within the debt limits: the product
+    -- is only compared.
+    ok = true
+    for i = 1, count do
+      local s, f = after(i, t)
+      if (s - now) * cfg[8 * i + RATE] + f > maxAhead(i) then
+        ok = false
       end
     end
   end
-  if take_ then
-    take(t)
-    consumed, retry = t, wait
-  elseif wait > 0 then
-    allowed, retry, binding = 0, wait, slowest
-  end
-elseif op == CONSUME_UP_TO then
-  local t = tokens
-  for i = 1, count do
-    local r = whole(i)
-    if r < t then
-      t = r
+  if ok then
+    for i = 1, count do
+      tat[i], frac[i] = after(i, t)
     end
-  end
-  if t > 0 then
-    take(t)
-    consumed = t
-  else
-    local wait, slowest = waitFor(1)
-    allowed, retry, binding = 0, wait, slowest
-  end
-elseif op == ADD then
-  -- The TAT moves back tokens intervals, to the stamp at the earliest.
-  for i = 1, count do
-    local scale = cfg[8 * i + SCALE]
-    local f = cfg[8 * i + CAP] * scale
-    local short = f - level[i]
-    local t = (short + -short % scale) / scale
-    if tokens < t then
-      t = tokens
-    end
-    level[i] = level[i] + t * scale
-    if level[i] > f then
-      level[i] = f
-    end
+    consumed, retry, binding = t, w, 0
+  elseif w > 0 then
+    allowed, retry = 0, w
   end
 end
 
 -- Settle: the binding bandwidth (the one with the fewest tokens left unless
--- a denial named one), the time until every TAT has passed, and the expiry.
-local resetAfter, least, left = 0, SATURATED, 0
+-- a denial named one), the time until every bandwidth is full, the time a
+-- new bucket takes to fill, and the expiry.
+local resetAfter, warmup, least, left = 0, 0, SATURATED, 0
 for i = 1, count do
   local c = 8 * i
   local r = whole(i)
@@ -194,18 +215,15 @@ for i = 1, count do
   if i == binding then
     left = r
   end
-  local rate, short = cfg[c + RATE], cfg[c + CAP] * cfg[c + SCALE] - level[i]
-  local w = stamp[i] - now + (short + -short % rate) / rate
+  local w = tat[i] - now
+  if frac[i] > 0 then
+    w = w + 1
+  end
   if w > resetAfter then
     resetAfter = w
   end
-end
-local warmup = 0
-for i = 1, count do
-  local c = 8 * i
-  local short = (cfg[c + CAP] - cfg[c + INITIAL]) * cfg[c + SCALE]
-  local rate = cfg[c + RATE]
-  local w = (short + -short % rate) / rate
+  local rate, x = cfg[c + RATE], (cfg[c + CAP] - cfg[c + INITIAL]) * cfg[c + SCALE]
+  w = (x + -x % rate) / rate
   if w > warmup then
     warmup = w
   end
@@ -215,11 +233,7 @@ local expiry = now + resetAfter + warmup
 if expiry > now then
   local packed = {}
   for i = 1, count do
-    local c = 8 * i
-    local scale = cfg[c + SCALE]
-    local fraction = level[i] % scale
-    packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
-      cfg[c + CAP], (level[i] - fraction) / scale, fraction, expiry - stamp[i]
+    packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] = frac[i], expiry - tat[i], 0, 0
   end
   local v = encodeState(packed, expiry)
   if v == nil then
