@@ -115,34 +115,13 @@ local function waitFor(t)
   return wait, slowest
 end
 
+-- room is the requests bandwidth i has left in its window.
+local function room(i)
+  return cfg[8 * i + CAP] - hits[i]
+end
+
 local allowed, consumed, retry, binding = 1, 0, 0, 0
-if op == CONSUME or op == ESTIMATE or op == INSPECT then
-  local t = tokens
-  if op == INSPECT then
-    t = 1
-  end
-  local wait, slowest = waitFor(t)
-  if wait > 0 then
-    allowed, retry, binding = 0, wait, slowest
-  elseif op == CONSUME then
-    take(t)
-    consumed = t
-  end
-elseif op == CONSUME_UP_TO then
-  local t = tokens
-  for i = 1, count do
-    local room = cfg[8 * i + CAP] - hits[i]
-    if room < t then
-      t = room
-    end
-  end
-  if t > 0 then
-    take(t)
-    consumed = t
-  else
-    allowed, retry, binding = 0, waitFor(1)
-  end
-elseif op == ADD then
+if op == ADD then
   for i = 1, count do
     local h = hits[i] - tokens
     if h < 0 then
@@ -151,19 +130,15 @@ elseif op == ADD then
     hits[i] = h
   end
   dirty = true
+elseif op ~= RESET and op ~= REPLACE then
+  allowed, consumed, retry, binding = decide(waitFor, room, take)
 end
 
--- Settle: the binding bandwidth (the one with the fewest requests left
--- unless a denial named one), and the expiry: when the last window ends.
-local least, left, expiry = SATURATED, 0, now
+-- Settle: the binding bandwidth, and the expiry: when the last window ends.
+local left
+binding, left = bindingOf(allowed, binding, room)
+local expiry = now
 for i = 1, count do
-  local r = cfg[8 * i + CAP] - hits[i]
-  if allowed == 1 and r < least then
-    least, binding = r, i
-  end
-  if i == binding then
-    left = r
-  end
   if hits[i] > 0 and ends[i] > expiry then
     expiry = ends[i]
   end

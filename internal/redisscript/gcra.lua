@@ -155,66 +155,46 @@ if op == ADD then
     tat[i], frac[i] = s, f
   end
 elseif op ~= RESET and op ~= REPLACE then
-  -- ConsumeUpTo consumes what every bandwidth conforms, or is denied 1.
-  local t = tokens
-  if op == INSPECT then
-    t = 1
-  elseif op == CONSUME_UP_TO then
+  -- The wait for t tokens: the longest until a bandwidth conforms them.
+  local function waitFor(t)
+    local wait, slowest = 0, 1
     for i = 1, count do
-      local r = whole(i)
-      if r < t then
-        t = r
+      local c = 8 * i
+      local rate, x = cfg[c + RATE], frac[i] + (t - cfg[c + CAP]) * cfg[c + SCALE]
+      x = tat[i] - now + (x + -x % rate) / rate
+      if x > wait then
+        wait, slowest = x, i
       end
     end
-    if t == 0 then
-      t = 1
-    end
+    return wait, slowest
   end
-  -- The wait: the longest until a bandwidth conforms t tokens.
-  local w = 0
-  for i = 1, count do
-    local c = 8 * i
-    local rate, x = cfg[c + RATE], frac[i] + (t - cfg[c + CAP]) * cfg[c + SCALE]
-    x = tat[i] - now + (x + -x % rate) / rate
-    if x > w then
-      w, binding = x, i
-    end
-  end
-  local ok = w == 0 and (op == CONSUME or op == CONSUME_UP_TO)
-  if op == RESERVE and w <= maxWait then
-    -- Credit, while every TAT stays within the debt limits: the product
-    -- is only compared.
-    ok = true
-    for i = 1, count do
-      local s, f = after(i, t)
-      if (s - now) * cfg[8 * i + RATE] + f > maxAhead(i) then
-        ok = false
-      end
-    end
-  end
-  if ok then
+  local function take(t)
     for i = 1, count do
       tat[i], frac[i] = after(i, t)
     end
-    consumed, retry, binding = t, w, 0
-  elseif w > 0 then
-    allowed, retry = 0, w
   end
+  -- lend: credit while every TAT stays within the debt limits; the
+  -- product is only compared.
+  local function lend(t)
+    for i = 1, count do
+      local s, f = after(i, t)
+      if (s - now) * cfg[8 * i + RATE] + f > maxAhead(i) then
+        return false
+      end
+    end
+    return true
+  end
+  allowed, consumed, retry, binding = decide(waitFor, whole, take, lend)
 end
 
 -- Settle: the binding bandwidth (the one with the fewest tokens left unless
 -- a denial named one), the time until every bandwidth is full, the time a
 -- new bucket takes to fill, and the expiry.
-local resetAfter, warmup, least, left = 0, 0, SATURATED, 0
+local left
+binding, left = bindingOf(allowed, binding, whole)
+local resetAfter, warmup = 0, 0
 for i = 1, count do
   local c = 8 * i
-  local r = whole(i)
-  if allowed == 1 and r < least then
-    least, binding = r, i
-  end
-  if i == binding then
-    left = r
-  end
   local w = tat[i] - now
   if frac[i] > 0 then
     w = w + 1

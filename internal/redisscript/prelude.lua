@@ -284,3 +284,54 @@ local function match(i, old, n)
   end
   return nil
 end
+
+-- decide applies Consume, Estimate, Inspect, ConsumeUpTo and Reserve with
+-- the algorithm's own functions: waitFor(t), the µs until every bandwidth
+-- can give t tokens and the bandwidth that takes longest; room(i), the
+-- whole tokens bandwidth i can give now; take(t), which takes t from every
+-- bandwidth; and, for the algorithms that reserve, lend(t), whether t may
+-- be taken on credit. It returns allowed, consumed, the retry after and the
+-- binding bandwidth of a denial (0 when allowed), as Apply decides them.
+local function decide(waitFor, room, take, lend)
+  local t = tokens
+  if op == INSPECT then
+    t = 1
+  elseif op == CONSUME_UP_TO then
+    for i = 1, count do
+      local r = room(i)
+      if r < t then
+        t = r
+      end
+    end
+    if t > 0 then
+      take(t)
+      return 1, t, 0, 0
+    end
+    t = 1 -- none: denied as a Consume of 1 would be
+  end
+  local wait, slowest = waitFor(t)
+  if op == CONSUME and wait == 0 or op == RESERVE and wait <= maxWait and lend(t) then
+    take(t)
+    return 1, t, wait, 0
+  elseif wait > 0 then
+    return 0, 0, wait, slowest
+  end
+  return 1, 0, 0, 0
+end
+
+-- bindingOf returns the binding bandwidth and the whole tokens it has left:
+-- the one a denial named (binding), or, when allowed, the one with the
+-- fewest tokens left, the first of equals.
+local function bindingOf(allowed, binding, room)
+  if allowed == 0 then
+    return binding, room(binding)
+  end
+  local least = SATURATED
+  for i = 1, count do
+    local r = room(i)
+    if r < least then
+      least, binding = r, i
+    end
+  end
+  return binding, least
+end

@@ -145,34 +145,7 @@ local function take(t)
 end
 
 local allowed, consumed, retry, binding = 1, 0, 0, 0
-if op == CONSUME or op == ESTIMATE or op == INSPECT then
-  local t = tokens
-  if op == INSPECT then
-    t = 1
-  end
-  local wait, slowest = waitFor(t)
-  if wait > 0 then
-    allowed, retry, binding = 0, wait, slowest
-  elseif op == CONSUME then
-    take(t)
-    consumed = t
-  end
-elseif op == CONSUME_UP_TO then
-  local t = tokens
-  for i = 1, count do
-    local r = room(i)
-    if r < t then
-      t = r
-    end
-  end
-  if t > 0 then
-    take(t)
-    consumed = t
-  else
-    local wait, slowest = waitFor(1)
-    allowed, retry, binding = 0, wait, slowest
-  end
-elseif op == ADD then
+if op == ADD then
   for i = 1, count do
     local x = cur[i] - tokens
     if x < 0 then
@@ -180,20 +153,16 @@ elseif op == ADD then
     end
     cur[i] = x
   end
+elseif op ~= RESET and op ~= REPLACE then
+  allowed, consumed, retry, binding = decide(waitFor, room, take)
 end
 
--- Settle: the binding bandwidth (the one with the fewest requests left
--- unless a denial named one), and the expiry: when every count has rolled
--- out.
-local expiry, least, left = now, SATURATED, 0
+-- Settle: the binding bandwidth, and the expiry: when every count has
+-- rolled out.
+local left
+binding, left = bindingOf(allowed, binding, room)
+local expiry = now
 for i = 1, count do
-  local r = room(i)
-  if allowed == 1 and r < least then
-    least, binding = r, i
-  end
-  if i == binding then
-    left = r
-  end
   local at = 0
   if cur[i] > 0 then
     at = stamp[i] + 2 * cfg[8 * i + PERIOD]

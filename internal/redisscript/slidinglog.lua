@@ -131,9 +131,10 @@ else
 end
 
 -- waitFor is the µs until every bandwidth can take t, and the bandwidth
--- that takes longest; nil if a token's time is corrupt. A bandwidth that
--- lacks room waits for the token at rank length + t - 1 - capacity among
--- the tokens: see logWait in slidinglog.go.
+-- that takes longest; it sets bad if a token's time is corrupt. A
+-- bandwidth that lacks room waits for the token at rank length + t - 1 -
+-- capacity among the tokens: see logWait in slidinglog.go.
+local bad = false
 local function waitFor(t)
   local wait, slowest = 0, 1
   for i = 1, count do
@@ -144,7 +145,8 @@ local function waitFor(t)
       local at = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')[2]
       at = at and tonumber(at)
       if not at or not whole(at) then
-        return nil
+        bad = true
+        return 0, 1
       end
       local w = at + cfg[c + PERIOD] - now
       if w > wait then
@@ -155,66 +157,51 @@ local function waitFor(t)
   return wait, slowest
 end
 
-local allowed, consumed, removed, retry, binding = 1, 0, 0, 0, 0
-if op == CONSUME or op == ESTIMATE or op == INSPECT then
-  local t = tokens
-  if op == INSPECT then
-    t = 1
+-- room is the requests bandwidth i has left. The window of bandwidth i
+-- holds the newest counts[i] tokens, so taking t adds t to every count and
+-- a refund of the newest r takes r from each, down to 0.
+local function room(i)
+  local r = cfg[8 * i + CAP] - counts[i]
+  if r < 0 then
+    return 0
   end
-  local wait, slowest = waitFor(t)
-  if not wait then
-    return corrupt()
-  end
-  if wait > 0 then
-    allowed, retry, binding = 0, wait, slowest
-  elseif op == CONSUME then
-    consumed = t
-  end
-elseif op == CONSUME_UP_TO then
-  local t = tokens
-  for i = 1, count do
-    local room = cfg[8 * i + CAP] - counts[i]
-    if room < t then
-      t = room
-    end
-  end
-  if t > 0 then
-    consumed = t
-  else
-    local wait, slowest = waitFor(1)
-    if not wait then
-      return corrupt()
-    end
-    allowed, retry, binding = 0, wait, slowest
-  end
-elseif op == ADD and length > 0 then
-  -- A refund: the newest tokens go.
-  removed = tokens
-  if removed > length then
-    removed = length
-  end
-  redis.call('ZREMRANGEBYRANK', key, -removed, -1)
+  return r
 end
 
--- Settle: the binding bandwidth (the one with the fewest requests left
--- unless a denial named one).
-local least, left = SATURATED, 0
-for i = 1, count do
-  local c = counts[i] + consumed - removed
-  if c < 0 then
-    c = 0
-  end
-  local r = cfg[8 * i + CAP] - c
-  if r < 0 then
-    r = 0
-  end
-  if allowed == 1 and r < least then
-    least, binding = r, i
-  end
-  if i == binding then
-    left = r
+-- take counts t more tokens; they are written below, with the expiry.
+local function take(t)
+  for i = 1, count do
+    counts[i] = counts[i] + t
   end
 end
+
+local allowed, consumed, removed, retry, binding = 1, 0, 0, 0, 0
+if op == ADD then
+  if length > 0 then
+    -- A refund: the newest tokens go.
+    removed = tokens
+    if removed > length then
+      removed = length
+    end
+    redis.call('ZREMRANGEBYRANK', key, -removed, -1)
+    for i = 1, count do
+      local c = counts[i] - removed
+      if c < 0 then
+        c = 0
+      end
+      counts[i] = c
+    end
+  end
+elseif op ~= RESET and op ~= REPLACE then
+  allowed, consumed, retry, binding = decide(waitFor, room, take)
+  if bad then
+    return corrupt()
+  end
+end
+
+-- Settle: the binding bandwidth.
+local left
+binding, left = bindingOf(allowed, binding, room)
 local kept = length - removed -- the tokens from before this call
 length = kept + consumed
 

@@ -159,52 +159,28 @@ local function take(t)
   end
 end
 
--- whole is the whole tokens in l scaled units, none when in debt.
-local function whole(l, scale)
+-- room is the whole tokens bandwidth i holds, none when in debt.
+local function room(i)
+  local l, scale = level[i], cfg[8 * i + SCALE]
   if l <= 0 then
     return 0
   end
   return (l - l % scale) / scale
 end
 
-local allowed, consumed, retry, binding = 1, 0, 0, 0
-if op == CONSUME or op == ESTIMATE or op == RESERVE or op == INSPECT then
-  local t = tokens
-  if op == INSPECT then
-    t = 1
-  end
-  local wait, slowest = waitFor(t)
-  local take_ = op == CONSUME and wait == 0
-  if op == RESERVE and wait <= maxWait then
-    -- Reserve takes on credit down to each bandwidth's debt limit.
-    take_ = true
-    for i = 1, count do
-      if level[i] - t * cfg[8 * i + SCALE] < minLevel(i) then
-        take_ = false
-      end
-    end
-  end
-  if take_ then
-    take(t)
-    consumed, retry = t, wait
-  elseif wait > 0 then
-    allowed, retry, binding = 0, wait, slowest
-  end
-elseif op == CONSUME_UP_TO then
-  local t = tokens
+-- lend: Reserve takes on credit down to each bandwidth's debt limit.
+local function lend(t)
   for i = 1, count do
-    local r = whole(level[i], cfg[8 * i + SCALE])
-    if r < t then
-      t = r
+    if level[i] - t * cfg[8 * i + SCALE] < minLevel(i) then
+      return false
     end
   end
-  if t > 0 then
-    take(t)
-    consumed = t
-  else
-    local wait, slowest = waitFor(1)
-    allowed, retry, binding = 0, wait, slowest
-  end
+  return true
+end
+
+local allowed, consumed, retry, binding = 1, 0, 0, 0
+if op ~= ADD and op ~= RESET and op ~= REPLACE then
+  allowed, consumed, retry, binding = decide(waitFor, room, take, lend)
 elseif op == ADD then
   for i = 1, count do
     local scale = cfg[8 * i + SCALE]
@@ -224,17 +200,11 @@ elseif op == ADD then
   end
 end
 
--- Settle: the binding bandwidth (the one with the fewest tokens left unless
--- a denial named one), the time to full, and the expiry.
-local resetAfter, least, left = 0, SATURATED, 0
+-- Settle: the binding bandwidth, the time to full, and the expiry.
+local left
+binding, left = bindingOf(allowed, binding, room)
+local resetAfter = 0
 for i = 1, count do
-  local r = whole(level[i], cfg[8 * i + SCALE])
-  if allowed == 1 and r < least then
-    least, binding = r, i
-  end
-  if i == binding then
-    left = r
-  end
   local w = timeTo(i, level[i], stamp[i], cfg[8 * i + CAP] * cfg[8 * i + SCALE])
   if w > resetAfter then
     resetAfter = w
