@@ -37,25 +37,6 @@ func applyFixedWindow(s *State, cfg Config, req Request, now int64) (d Decision)
 	d.Allowed = true
 	binding := -1 // the bandwidth with the fewest requests left
 	switch req.Op {
-	case Consume, Estimate, Inspect:
-		n := req.Tokens
-		if req.Op == Inspect {
-			n = 1
-		}
-		if wait, slowest := s.windowWait(bws, n, now); wait > 0 {
-			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
-		} else if req.Op == Consume {
-			s.countWindows(bws, n, now)
-			d.Consumed = n
-		}
-	case ConsumeUpTo:
-		if n := min(req.Tokens, s.windowRoom(bws)); n > 0 {
-			s.countWindows(bws, n, now)
-			d.Consumed = n
-		} else {
-			wait, slowest := s.windowWait(bws, 1, now)
-			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
-		}
 	case Add:
 		// A refund: the requests counted drop by Tokens. A count that
 		// reaches 0 closes its window, as if it had never opened.
@@ -66,6 +47,10 @@ func applyFixedWindow(s *State, cfg Config, req Request, now int64) (d Decision)
 				st.Stamp = 0
 			}
 		}
+	case Reset, Replace:
+	default:
+		m := windowMeter{s, bws, now}
+		binding = decide(&d, req, m.wait, m.room, m.take, m.lend)
 	}
 	s.settleWindows(&d, bws, binding, now)
 	return d
@@ -111,43 +96,51 @@ func (s *State) carryWindows(cfg Config, fp uint64, strategy Inheritance) {
 // windowEnd is when the window of st, which has one, is over.
 func windowEnd(b *Bandwidth, st *BandState) int64 { return st.Stamp + b.PeriodMicros() }
 
-// windowWait returns the µs until every bandwidth has room for n more
-// requests, and the index of the one that takes longest. A bandwidth
-// without room has a window (n is at most its capacity), and it empties
-// when that window ends.
-func (s *State) windowWait(bws []Bandwidth, n, now int64) (wait int64, slowest int) {
-	for i := range bws {
-		st := &s.Bands[i]
-		if st.Level+n <= bws[i].Capacity {
+// windowMeter is a FixedWindow bucket's state as decide asks of it.
+type windowMeter struct {
+	s   *State
+	bws []Bandwidth
+	now int64
+}
+
+// wait is the µs until every bandwidth has room for n more requests. A
+// bandwidth without room has a window (n is at most its capacity), and it
+// empties when that window ends.
+func (m windowMeter) wait(n int64) (wait int64, slowest int) {
+	for i := range m.bws {
+		st := &m.s.Bands[i]
+		if st.Level+n <= m.bws[i].Capacity {
 			continue
 		}
-		if w := windowEnd(&bws[i], st) - now; w > wait {
+		if w := windowEnd(&m.bws[i], st) - m.now; w > wait {
 			wait, slowest = w, i
 		}
 	}
 	return wait, slowest
 }
 
-// windowRoom is how many more requests every bandwidth admits now.
-func (s *State) windowRoom(bws []Bandwidth) int64 {
+// room is how many more requests every bandwidth admits now.
+func (m windowMeter) room() int64 {
 	n := int64(math.MaxInt64)
-	for i := range bws {
-		n = min(n, bws[i].Capacity-s.Bands[i].Level)
+	for i := range m.bws {
+		n = min(n, m.bws[i].Capacity-m.s.Bands[i].Level)
 	}
 	return n
 }
 
-// countWindows counts n requests in every bandwidth, opening the windows
-// of those that have none.
-func (s *State) countWindows(bws []Bandwidth, n, now int64) {
-	for i := range bws {
-		st := &s.Bands[i]
+// take counts n requests in every bandwidth, opening the windows of those
+// that have none.
+func (m windowMeter) take(n int64) {
+	for i := range m.bws {
+		st := &m.s.Bands[i]
 		if st.Level == 0 {
-			st.Stamp = periodStart(&bws[i], now)
+			st.Stamp = periodStart(&m.bws[i], m.now)
 		}
 		st.Level += n
 	}
 }
+
+func (windowMeter) lend(int64) bool { return false }
 
 // settleWindows completes d as settle does for a token bucket: Limit,
 // Remaining and Bandwidth of the binding bandwidth (the one with the

@@ -4,7 +4,6 @@ import (
 	"math"
 	"math/bits"
 	"slices"
-	"time"
 )
 
 // GCRA and LeakyBucket share this file: the leaky bucket as a meter is the
@@ -64,29 +63,14 @@ func applyGCRA(s *State, cfg Config, req Request, now int64) (d Decision) {
 	d.Allowed = true
 	binding := -1 // the bandwidth with the fewest tokens left
 	switch req.Op {
-	case Consume, Estimate, Reserve, Inspect, ConsumeUpTo:
-		n := req.Tokens
-		switch req.Op {
-		case Inspect:
-			n = 1
-		case ConsumeUpTo:
-			// What every bandwidth conforms, or a denial for lack of 1.
-			n = max(1, min(n, s.conformable(now)))
-		}
-		wait, slowest := s.conformWait(n, now)
-		switch {
-		case (req.Op == Consume || req.Op == ConsumeUpTo) && wait == 0, req.Op == Reserve && s.canDefer(bws, n, wait, req.MaxWait, now):
-			for i := range s.Bands {
-				tatTake(&s.Bands[i], n, now)
-			}
-			d.Consumed, d.RetryAfter = n, micros(wait)
-		case wait > 0:
-			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
-		}
 	case Add:
 		for i := range s.Bands {
 			tatRefund(&s.Bands[i], req.Tokens, now)
 		}
+	case Reset, Replace:
+	default:
+		m := tatMeter{s, bws, now}
+		binding = decide(&d, req, m.wait, m.room, m.take, m.lend)
 	}
 	s.settleTATs(&d, bws, binding, now)
 	return d
@@ -200,36 +184,44 @@ func tatRefund(st *BandState, n, now int64) {
 	}
 }
 
-// conformWait returns the µs until every bandwidth conforms n tokens, and
-// the index of the one that takes longest.
-func (s *State) conformWait(n, now int64) (wait int64, slowest int) {
-	for i := range s.Bands {
-		if w := tatWait(&s.Bands[i], n, now); w > wait {
+// tatMeter is a GCRA bucket's state as decide asks of it: a bandwidth can
+// give the tokens that conform.
+type tatMeter struct {
+	s   *State
+	bws []Bandwidth
+	now int64
+}
+
+func (m tatMeter) wait(n int64) (wait int64, slowest int) {
+	for i := range m.s.Bands {
+		if w := tatWait(&m.s.Bands[i], n, m.now); w > wait {
 			wait, slowest = w, i
 		}
 	}
 	return wait, slowest
 }
 
-// conformable is the whole tokens every bandwidth conforms now.
-func (s *State) conformable(now int64) int64 {
+func (m tatMeter) room() int64 {
 	n := int64(math.MaxInt64)
-	for i := range s.Bands {
-		n = min(n, tatRemaining(&s.Bands[i], now))
+	for i := range m.s.Bands {
+		n = min(n, tatRemaining(&m.s.Bands[i], m.now))
 	}
 	return n
 }
 
-// canDefer reports whether n tokens that conform in wait µs may be taken
-// on credit: within maxWait, and leaving every TAT within its debt limits.
-func (s *State) canDefer(bws []Bandwidth, n, wait int64, maxWait time.Duration, now int64) bool {
-	if wait > int64(maxWait/time.Microsecond) {
-		return false
+func (m tatMeter) take(n int64) {
+	for i := range m.s.Bands {
+		tatTake(&m.s.Bands[i], n, m.now)
 	}
-	for i := range s.Bands {
-		st := s.Bands[i]
-		tatTake(&st, n, now)
-		if tatAhead(&st, now) > maxAhead(&bws[i], &st) {
+}
+
+// lend reports whether n tokens may be taken on credit: leaving every TAT
+// within its debt limits.
+func (m tatMeter) lend(n int64) bool {
+	for i := range m.s.Bands {
+		st := m.s.Bands[i]
+		tatTake(&st, n, m.now)
+		if tatAhead(&st, m.now) > maxAhead(&m.bws[i], &st) {
 			return false
 		}
 	}

@@ -46,33 +46,14 @@ func applyCounter(s *State, cfg Config, req Request, now int64) (d Decision) {
 	d.Allowed = true
 	binding := -1 // the bandwidth with the fewest requests left
 	switch req.Op {
-	case Consume, Estimate, Inspect:
-		n := req.Tokens
-		if req.Op == Inspect {
-			n = 1
-		}
-		if wait, slowest := counterWait(bands, n, now); wait > 0 {
-			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
-		} else if req.Op == Consume {
-			counterTake(bands, n)
-			d.Consumed = n
-		}
-	case ConsumeUpTo:
-		n := req.Tokens
-		for i := range bands {
-			n = min(n, counterRoom(&bands[i], now))
-		}
-		if n > 0 {
-			counterTake(bands, n)
-			d.Consumed = n
-		} else {
-			wait, slowest := counterWait(bands, 1, now)
-			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
-		}
 	case Add:
 		for i := range bands {
 			bands[i].Level = max(0, bands[i].Level-req.Tokens)
 		}
+	case Reset, Replace:
+	default:
+		m := counterMeter{bands, now}
+		binding = decide(&d, req, m.wait, m.room, m.take, m.lend)
 	}
 	counterSettle(s, &d, cfg.Bandwidths, binding, now)
 	return d
@@ -165,22 +146,39 @@ func counterDue(st *BandState, n, now int64) int64 {
 	return st.Stamp + 2*w - (c-n)*w/st.Level
 }
 
-// counterWait returns the µs until every bandwidth admits n requests, and
-// the index of the bandwidth that takes longest.
-func counterWait(bands []BandState, n, now int64) (wait int64, slowest int) {
-	for i := range bands {
-		if w := counterDue(&bands[i], n, now) - now; w > wait {
+// counterMeter is a SlidingWindowCounter bucket's state as decide asks of
+// it.
+type counterMeter struct {
+	bands []BandState
+	now   int64
+}
+
+// wait returns the µs until every bandwidth admits n requests, and the
+// index of the bandwidth that takes longest.
+func (m counterMeter) wait(n int64) (wait int64, slowest int) {
+	for i := range m.bands {
+		if w := counterDue(&m.bands[i], n, m.now) - m.now; w > wait {
 			wait, slowest = w, i
 		}
 	}
 	return wait, slowest
 }
 
-func counterTake(bands []BandState, n int64) {
-	for i := range bands {
-		bands[i].Level += n
+func (m counterMeter) room() int64 {
+	n := int64(math.MaxInt64)
+	for i := range m.bands {
+		n = min(n, counterRoom(&m.bands[i], m.now))
+	}
+	return n
+}
+
+func (m counterMeter) take(n int64) {
+	for i := range m.bands {
+		m.bands[i].Level += n
 	}
 }
+
+func (counterMeter) lend(int64) bool { return false }
 
 // counterEmptyAt is when st's counts have both rolled out; 0 if they have.
 func counterEmptyAt(st *BandState) int64 {

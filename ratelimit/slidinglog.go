@@ -44,27 +44,6 @@ func applyLog(s *State, cfg Config, req Request, now int64) (d Decision) {
 	d.Allowed = true
 	binding := -1 // the bandwidth with the fewest requests left
 	switch req.Op {
-	case Consume, Estimate, Inspect:
-		n := req.Tokens
-		if req.Op == Inspect {
-			n = 1
-		}
-		wait, slowest := s.logWait(&counts, bws, n, now)
-		switch {
-		case wait > 0:
-			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
-		case req.Op == Consume:
-			s.logTake(&counts, n, now)
-			d.Consumed = n
-		}
-	case ConsumeUpTo:
-		if n := min(req.Tokens, counts.room(bws)); n > 0 {
-			s.logTake(&counts, n, now)
-			d.Consumed = n
-		} else {
-			wait, slowest := s.logWait(&counts, bws, 1, now)
-			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
-		}
 	case Add:
 		// A refund: the newest entries go.
 		r := int(min(req.Tokens, int64(len(s.Log))))
@@ -72,6 +51,10 @@ func applyLog(s *State, cfg Config, req Request, now int64) (d Decision) {
 		for i := range bws {
 			counts[i] = max(0, counts[i]-int64(r))
 		}
+	case Reset, Replace:
+	default:
+		m := logMeter{s, &counts, bws, now}
+		binding = decide(&d, req, m.wait, m.room, m.take, m.lend)
 	}
 	s.settleLog(&d, &counts, bws, binding, longest, now)
 	return d
@@ -80,16 +63,6 @@ func applyLog(s *State, cfg Config, req Request, now int64) (d Decision) {
 // logCounts holds how many entries of the log each bandwidth's window
 // holds, by index.
 type logCounts [MaxBandwidths]int64
-
-// room is the most tokens every bandwidth can still take: 0 if one is at
-// or past its capacity.
-func (c *logCounts) room(bws []Bandwidth) int64 {
-	room := int64(MaxLogCapacity)
-	for i := range bws {
-		room = min(room, bws[i].Capacity-c[i])
-	}
-	return max(0, room)
-}
 
 // logLimits returns the longest RefillPeriod of bws, in µs, and the bound
 // on the log: the smallest Capacity among the bandwidths of that period.
@@ -140,38 +113,60 @@ func (s *State) countLog(counts *logCounts, bws []Bandwidth, now int64) {
 	}
 }
 
-// logWait returns the µs until every bandwidth can take n (at most its
+// logMeter is a SlidingWindowLog bucket's state as decide asks of it:
+// the log and how many of its entries each bandwidth's window holds.
+type logMeter struct {
+	s      *State
+	counts *logCounts
+	bws    []Bandwidth
+	now    int64
+}
+
+// wait returns the µs until every bandwidth can take n (at most its
 // Capacity) if nothing is taken meanwhile, and the index of the bandwidth
 // that takes longest. A bandwidth holding c entries lacks k = c + n −
 // Capacity: it can take n once its k oldest entries have left its window,
 // that is W after the k-th of them, the log's entry at len − c + k − 1.
-func (s *State) logWait(counts *logCounts, bws []Bandwidth, n, now int64) (wait int64, slowest int) {
-	for i := range bws {
-		b := &bws[i]
-		if counts[i]+n <= b.Capacity {
+func (m logMeter) wait(n int64) (wait int64, slowest int) {
+	for i := range m.bws {
+		b := &m.bws[i]
+		if m.counts[i]+n <= b.Capacity {
 			continue
 		}
-		kth := s.Log[int64(len(s.Log))+n-1-b.Capacity]
-		if w := kth + b.PeriodMicros() - now; w > wait {
+		kth := m.s.Log[int64(len(m.s.Log))+n-1-b.Capacity]
+		if w := kth + b.PeriodMicros() - m.now; w > wait {
 			wait, slowest = w, i
 		}
 	}
 	return wait, slowest
 }
 
-// logTake logs n entries at now, after any entry at or before now, and
+// room is the most tokens every bandwidth can still take: 0 if one is at
+// or past its capacity.
+func (m logMeter) room() int64 {
+	room := int64(MaxLogCapacity)
+	for i := range m.bws {
+		room = min(room, m.bws[i].Capacity-m.counts[i])
+	}
+	return max(0, room)
+}
+
+// take logs n entries at now, after any entry at or before now, and
 // counts them in every window.
-func (s *State) logTake(counts *logCounts, n, now int64) {
-	at, end := s.logAfter(now), len(s.Log)
+func (m logMeter) take(n int64) {
+	s := m.s
+	at, end := s.logAfter(m.now), len(s.Log)
 	s.Log = slices.Grow(s.Log, int(n))[:end+int(n)]
 	copy(s.Log[at+int(n):], s.Log[at:end])
 	for i := at; i < at+int(n); i++ {
-		s.Log[i] = now
+		s.Log[i] = m.now
 	}
 	for i := range s.Bands {
-		counts[i] += n
+		m.counts[i] += n
 	}
 }
+
+func (logMeter) lend(int64) bool { return false }
 
 // settleLog completes d as settle does for a token bucket: the binding
 // bandwidth (the one with the fewest requests left when binding is -1),

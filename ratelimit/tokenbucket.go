@@ -91,27 +91,7 @@ func Apply(s *State, cfg Config, req Request, now int64) (d Decision) {
 	d.Allowed = true
 	binding := -1 // the bandwidth with the fewest tokens left
 	switch req.Op {
-	case Consume, Estimate, Reserve, Inspect:
-		n := req.Tokens
-		if req.Op == Inspect {
-			n = 1
-		}
-		wait, slowest := s.waitFor(bws, n, now)
-		switch {
-		case req.Op == Consume && wait == 0, req.Op == Reserve && s.canReserve(bws, n, wait, req.MaxWait):
-			s.take(n)
-			d.Consumed, d.RetryAfter = n, micros(wait)
-		case wait > 0:
-			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
-		}
-	case ConsumeUpTo:
-		if n := min(req.Tokens, s.available()); n > 0 {
-			s.take(n)
-			d.Consumed = n
-		} else {
-			wait, slowest := s.waitFor(bws, 1, now)
-			d.Allowed, d.RetryAfter, binding = false, micros(wait), slowest
-		}
+	case Reset, Replace:
 	case Add:
 		for i := range s.Bands {
 			st := &s.Bands[i]
@@ -126,10 +106,25 @@ func Apply(s *State, cfg Config, req Request, now int64) (d Decision) {
 				st.Stamp = periodStart(&bws[i], now)
 			}
 		}
+	default:
+		m := bucketMeter{s, bws, now}
+		binding = decide(&d, req, m.wait, m.room, m.take, m.lend)
 	}
 	s.settle(&d, bws, binding, now)
 	return d
 }
+
+// bucketMeter is a token bucket's state as decide asks of it.
+type bucketMeter struct {
+	s   *State
+	bws []Bandwidth
+	now int64
+}
+
+func (m bucketMeter) wait(n int64) (int64, int) { return m.s.waitFor(m.bws, n, m.now) }
+func (m bucketMeter) room() int64               { return m.s.available() }
+func (m bucketMeter) take(n int64)              { m.s.take(n) }
+func (m bucketMeter) lend(n int64) bool         { return m.s.canLend(m.bws, n) }
 
 // init makes s the state of a new bucket for cfg.
 func (s *State) init(cfg Config, fp uint64, now int64) {
@@ -308,12 +303,9 @@ func (s *State) waitFor(bws []Bandwidth, n, now int64) (wait int64, slowest int)
 	return wait, slowest
 }
 
-// canReserve reports whether n tokens arriving in wait µs may be taken on
-// credit: within maxWait, and within every bandwidth's debt limit.
-func (s *State) canReserve(bws []Bandwidth, n, wait int64, maxWait time.Duration) bool {
-	if wait > int64(maxWait/time.Microsecond) {
-		return false
-	}
+// canLend reports whether n tokens may be taken on credit: within every
+// bandwidth's debt limit.
+func (s *State) canLend(bws []Bandwidth, n int64) bool {
 	for i := range bws {
 		st := &s.Bands[i]
 		if st.Level-n*st.Scale < minLevel(&bws[i], st) {
