@@ -516,18 +516,6 @@ func (in *fuzzInput) fixedConfig() Config {
 	return cfg
 }
 
-func (in *fuzzInput) fixedRequest(cfg Config) Request {
-	ops := [...]Op{Consume, Estimate, ConsumeUpTo, Add, Reset, Replace, Inspect}
-	req := Request{Op: ops[in.byte()%byte(len(ops))], Strategy: Inheritance(in.byte() % 4)}
-	switch req.Op {
-	case Consume, Estimate:
-		req.Tokens = in.in(1, minCapacity(cfg))
-	case ConsumeUpTo, Add:
-		req.Tokens = in.in(1, math.MaxInt64-1)
-	}
-	return req
-}
-
 // FuzzFixedWindow decodes two FixedWindow configs and a run of requests
 // and clock moves, forward and back, from the input, and checks Apply's
 // contract after every request. Until the clock first steps back or the
@@ -553,7 +541,7 @@ func FuzzFixedWindow(f *testing.F) {
 		for len(in) > 0 {
 			switch k := in.byte() % 16; {
 			case k < 10:
-				req := in.fixedRequest(cfgs[cur])
+				req := in.windowRequest(cfgs[cur])
 				d := fixedChecked(t, &s, cfgs[cur], req, now)
 				if !same {
 					continue

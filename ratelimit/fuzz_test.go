@@ -271,6 +271,20 @@ func (in *fuzzInput) request(cfg Config) Request {
 	return req
 }
 
+// windowRequest reads a valid request for cfg from the input, for an
+// algorithm that cannot reserve: any op but Reserve.
+func (in *fuzzInput) windowRequest(cfg Config) Request {
+	ops := [...]Op{Consume, Estimate, ConsumeUpTo, Add, Reset, Replace, Inspect}
+	req := Request{Op: ops[in.byte()%byte(len(ops))], Strategy: Inheritance(in.byte() % 4)}
+	switch req.Op {
+	case Consume, Estimate:
+		req.Tokens = in.in(1, minCapacity(cfg))
+	case ConsumeUpTo, Add:
+		req.Tokens = in.in(1, math.MaxInt64-1)
+	}
+	return req
+}
+
 // FuzzApply decodes two configs and a run of requests and clock moves from
 // the input, and checks Apply's contract after every request.
 func FuzzApply(f *testing.F) {

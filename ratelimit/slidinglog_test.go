@@ -481,19 +481,6 @@ func (in *fuzzInput) logFuzzConfig() Config {
 	return cfg
 }
 
-// logFuzzRequest reads a valid request for cfg from the input.
-func (in *fuzzInput) logFuzzRequest(cfg Config) Request {
-	ops := [...]Op{Consume, Estimate, ConsumeUpTo, Add, Reset, Replace, Inspect}
-	req := Request{Op: ops[in.byte()%7], Strategy: Inheritance(in.byte() % 4)}
-	switch req.Op {
-	case Consume, Estimate:
-		req.Tokens = in.in(1, minCapacity(cfg))
-	case ConsumeUpTo, Add:
-		req.Tokens = in.in(1, math.MaxInt64-1)
-	}
-	return req
-}
-
 // logCheck checks one call of Apply, made on a copy of before at now: the
 // decision is in range and consistent, the log sorted, within the longest
 // window and the bound, the expiry at now + ResetAfter; every op but Add,
@@ -572,7 +559,7 @@ func FuzzSlidingLog(f *testing.F) {
 		for len(in) > 0 {
 			switch k := in.byte() % 16; {
 			case k < 10:
-				req := in.logFuzzRequest(cfgs[cur])
+				req := in.windowRequest(cfgs[cur])
 				logCheck(t, &s, cfgs[cur], req, now)
 				Apply(&s, cfgs[cur], req, now)
 			case k < 13:

@@ -122,13 +122,7 @@ end
 
 local allowed, consumed, retry, binding = 1, 0, 0, 0
 if op == ADD then
-  for i = 1, count do
-    local h = hits[i] - tokens
-    if h < 0 then
-      h = 0
-    end
-    hits[i] = h
-  end
+  refund(hits, tokens)
   dirty = true
 elseif op ~= RESET and op ~= REPLACE then
   allowed, consumed, retry, binding = decide(waitFor, room, take)

@@ -319,6 +319,18 @@ local function decide(waitFor, room, take, lend)
   return 1, 0, 0, 0
 end
 
+-- refund lowers each bandwidth's count in counts by n, down to 0: Add on
+-- the algorithms that count requests.
+local function refund(counts, n)
+  for i = 1, count do
+    local c = counts[i] - n
+    if c < 0 then
+      c = 0
+    end
+    counts[i] = c
+  end
+end
+
 -- bindingOf returns the binding bandwidth and the whole tokens it has left:
 -- the one a denial named (binding), or, when allowed, the one with the
 -- fewest tokens left, the first of equals.

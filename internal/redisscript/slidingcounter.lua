@@ -146,13 +146,7 @@ end
 
 local allowed, consumed, retry, binding = 1, 0, 0, 0
 if op == ADD then
-  for i = 1, count do
-    local x = cur[i] - tokens
-    if x < 0 then
-      x = 0
-    end
-    cur[i] = x
-  end
+  refund(cur, tokens)
 elseif op ~= RESET and op ~= REPLACE then
   allowed, consumed, retry, binding = decide(waitFor, room, take)
 end

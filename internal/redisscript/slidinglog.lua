@@ -184,13 +184,7 @@ if op == ADD then
       removed = length
     end
     redis.call('ZREMRANGEBYRANK', key, -removed, -1)
-    for i = 1, count do
-      local c = counts[i] - removed
-      if c < 0 then
-        c = 0
-      end
-      counts[i] = c
-    end
+    refund(counts, removed)
   end
 elseif op ~= RESET and op ~= REPLACE then
   allowed, consumed, retry, binding = decide(waitFor, room, take)
