@@ -1,0 +1,245 @@
+package distributed_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	redisbackend "github.com/sluicehq/sluice/backend/redis"
+	"github.com/sluicehq/sluice/internal/redisscript"
+	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// instanceBin is the instance program, built once by TestMain.
+var instanceBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sluice-distributed-")
+	if err == nil {
+		instanceBin, err = testkit.BuildInstance(dir)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}))
+}
+
+// topology is where a run's Redis is.
+type topology struct {
+	name    string
+	addrs   []string
+	cluster bool
+	nodes   []*testkit.Redis // the cluster's masters, for faults
+}
+
+func standalone(t *testing.T) topology {
+	addr, _ := testkit.StandaloneAddr(t)
+	return topology{name: "Standalone", addrs: []string{addr}}
+}
+
+func cluster(t *testing.T) topology {
+	c := testkit.StartCluster(t)
+	return topology{name: "Cluster", addrs: c.Addrs(), cluster: true, nodes: c.Nodes()}
+}
+
+// topologies start the Redis of each kind of run.
+var topologies = []struct {
+	name  string
+	start func(*testing.T) topology
+}{{"Standalone", standalone}, {"Cluster", cluster}}
+
+var adapters = []string{testkit.BackendGoRedis, testkit.BackendRueidis}
+
+// noRefill is a token bucket that refills one token an hour: a thousandth
+// of a token within a run, so that it admits no more than its capacity.
+func noRefill(capacity int64) ratelimit.Bandwidth {
+	return ratelimit.PerHour(1).WithBurst(capacity)
+}
+
+// newKey returns a bucket key no other run uses.
+func newKey(t *testing.T) string {
+	return fmt.Sprintf("distributed:%s:%d", t.Name(), time.Now().UnixNano())
+}
+
+// client is the test's own view of the Redis of top: a plain client for
+// TIME, and the go-redis backend for Inspect.
+type client struct {
+	raw     redis.UniversalClient
+	backend *redisbackend.Backend
+}
+
+func newClient(t *testing.T, top topology) client {
+	var c redis.UniversalClient
+	if top.cluster {
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: top.addrs, MaxRetries: -1, ContextTimeoutEnabled: true})
+	} else {
+		c = redis.NewClient(&redis.Options{Addr: top.addrs[0], MaxRetries: -1, ContextTimeoutEnabled: true})
+	}
+	t.Cleanup(func() { c.Close() })
+	b, err := redisbackend.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client{c, b}
+}
+
+// serverTime reads the clock of the server that holds the bucket at key:
+// the clock its script reads.
+func (c client) serverTime(t *testing.T, key string) time.Time {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	node := c.raw
+	if cc, ok := c.raw.(*redis.ClusterClient); ok {
+		master, err := cc.MasterForKey(ctx, redisscript.Key("", key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		node = master
+	}
+	now, err := node.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now
+}
+
+// inspect returns the whole tokens left in the bucket.
+func (c client) inspect(t *testing.T, key string, cfg ratelimit.Config) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d, err := c.backend.Do(ctx, key, cfg, ratelimit.Request{Op: ratelimit.Inspect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Remaining
+}
+
+// tally is what a run's calls add up to.
+type tally struct {
+	calls, admitted, denied, failed int
+	first, last                     int64 // the earliest start, the latest end, ns
+}
+
+func count(calls []testkit.Call) tally {
+	var n tally
+	for _, c := range calls {
+		if n.calls == 0 || c.Start < n.first {
+			n.first = c.Start
+		}
+		n.last = max(n.last, c.End)
+		n.calls++
+		switch {
+		case c.Err != "":
+			n.failed++
+		case c.Decision.Allowed:
+			n.admitted++
+		default:
+			n.denied++
+		}
+	}
+	return n
+}
+
+// decidedAfter counts the calls that started after ns, and those of them
+// that failed.
+func decidedAfter(calls []testkit.Call, ns int64) (started, failed int, errs []string) {
+	for _, c := range calls {
+		if c.Start > ns {
+			started++
+			if c.Err != "" {
+				failed++
+				if len(errs) < 3 {
+					errs = append(errs, c.Err)
+				}
+			}
+		}
+	}
+	return started, failed, errs
+}
+
+func (n tally) rate() float64 {
+	return float64(n.calls) / time.Duration(n.last-n.first).Seconds()
+}
+
+// run is one distributed run on a bucket of one bandwidth.
+type run struct {
+	top        topology
+	backend    string
+	algorithm  ratelimit.Algorithm
+	bandwidth  ratelimit.Bandwidth
+	processes  int
+	goroutines int
+	attempts   int           // in all, shared evenly
+	timeout    time.Duration // of each call; 0 means the instance's default
+	fault      *fault        // strikes mid-run, or nil
+	faultAfter int           // the calls reported before it strikes
+}
+
+// fault strikes a run in the middle.
+type fault struct {
+	name string
+	// inject strikes, and returns once the fault is over.
+	inject func(t *testing.T, c client, r run, key string, in *testkit.Instances)
+}
+
+// execute starts r's instances on spec, releases them, injects r's fault,
+// and returns their calls and when the fault ended (ns, 0 without one).
+// before runs just before the release.
+func execute(t *testing.T, c client, r run, spec testkit.InstanceSpec, before func()) (calls []testkit.Call, faultEnd int64) {
+	t.Helper()
+	in := testkit.StartInstances(t, instanceBin, r.processes, spec)
+	if before != nil {
+		before()
+	}
+	in.Go(t)
+	if r.fault != nil {
+		in.WaitCalls(t, r.faultAfter, time.Minute)
+		r.fault.inject(t, c, r, spec.Key, in)
+		faultEnd = time.Now().UnixNano()
+	}
+	return in.Wait(t), faultEnd
+}
+
+func (r run) spec(key string) testkit.InstanceSpec {
+	return testkit.InstanceSpec{
+		Backend:    r.backend,
+		Addrs:      r.top.addrs,
+		Cluster:    r.top.cluster,
+		Key:        key,
+		Config:     ratelimit.Config{Algorithm: r.algorithm, Bandwidths: []ratelimit.Bandwidth{r.bandwidth}},
+		Goroutines: r.goroutines,
+		Attempts:   r.attempts / r.processes,
+		Timeout:    r.timeout,
+	}
+}
+
+// master returns the cluster master that holds the bucket at key.
+func (c client) master(t *testing.T, top topology, key string) *testkit.Redis {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := c.raw.(*redis.ClusterClient).MasterForKey(ctx, redisscript.Key("", key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range top.nodes {
+		if n.Addr() == m.Options().Addr {
+			return n
+		}
+	}
+	t.Fatalf("no node of %v is %s", top.addrs, m.Options().Addr)
+	return nil
+}

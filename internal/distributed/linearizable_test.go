@@ -1,0 +1,144 @@
+package distributed_test
+
+import (
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// mixedRequests are the calls of a linearizability run: every op the model
+// knows, with token counts that keep a bucket of capacity 10 moving
+// between empty and full.
+func mixedRequests(seed uint64, n int) []ratelimit.Request {
+	r := rand.New(rand.NewPCG(seed, 0))
+	reqs := make([]ratelimit.Request, n)
+	for i := range reqs {
+		tokens := 1 + r.Int64N(3)
+		switch r.IntN(10) {
+		case 0, 1, 2, 3:
+			reqs[i] = ratelimit.Request{Op: ratelimit.Consume, Tokens: tokens}
+		case 4, 5:
+			reqs[i] = ratelimit.Request{Op: ratelimit.ConsumeUpTo, Tokens: tokens + 1}
+		case 6, 7:
+			reqs[i] = ratelimit.Request{Op: ratelimit.Add, Tokens: tokens}
+		case 8:
+			reqs[i] = ratelimit.Request{Op: ratelimit.Estimate, Tokens: tokens}
+		default:
+			reqs[i] = ratelimit.Request{Op: ratelimit.Inspect}
+		}
+	}
+	return reqs
+}
+
+// linearizabilityRun is the run the checker gets: 3 processes × 4
+// goroutines, 300 calls of every op on one bucket of capacity 10. (With
+// more goroutines at once the search can take minutes.)
+func linearizabilityRun(top topology, backend string) run {
+	return run{
+		top: top, backend: backend,
+		bandwidth: noRefill(10),
+		processes: 3, goroutines: 4, attempts: 300,
+	}
+}
+
+// checkTimeout bounds one porcupine check; the histories here take
+// milliseconds.
+const checkTimeout = time.Minute
+
+// linearizable makes r's run with mixed ops and checks its history.
+func linearizable(t *testing.T, c client, r run, seed uint64) (porcupine.CheckResult, porcupine.LinearizationInfo, []testkit.Call, int64) {
+	t.Helper()
+	spec := r.spec(newKey(t))
+	spec.Requests = mixedRequests(seed, spec.Attempts)
+	calls, faultEnd := execute(t, c, r, spec, nil)
+	res, info := porcupine.CheckOperationsVerbose(bucketModel(r.bandwidth.Capacity), history(spec, calls), checkTimeout)
+	return res, info, calls, faultEnd
+}
+
+// checkLinearizable makes r's run with mixed ops and fails t unless
+// porcupine finds its history linearizable.
+func checkLinearizable(t *testing.T, c client, r run) {
+	t.Helper()
+	res, info, calls, faultEnd := linearizable(t, c, r, 1)
+	if res != porcupine.Ok {
+		t.Errorf("porcupine: %v; visualization in %s", res, visualize(r, info))
+	}
+	n := count(calls)
+	t.Logf("%d processes × %d goroutines, %d ops (%d allowed, %d denied, %d failed): %v",
+		r.processes, r.goroutines, n.calls, n.admitted, n.denied, n.failed, res)
+	if r.fault != nil {
+		checkDecidesAfter(t, calls, faultEnd)
+	}
+}
+
+// TestLinearizable checks the recorded histories of both Redis adapters,
+// standalone and on the cluster, with porcupine against bucketModel.
+func TestLinearizable(t *testing.T) {
+	for _, tk := range topologies {
+		t.Run(tk.name, func(t *testing.T) {
+			t.Parallel()
+			top := tk.start(t)
+			c := newClient(t, top)
+			for _, backend := range adapters {
+				t.Run(backend, func(t *testing.T) { checkLinearizable(t, c, linearizabilityRun(top, backend)) })
+			}
+		})
+	}
+}
+
+// TestRacyIsCaught shows that the checks can fail: the racy backend reads,
+// decides in Go and writes back. porcupine must find its lost updates, and
+// its admissions must break the count's bounds. Overlap is a matter of
+// scheduling, so each check gets three runs to show it.
+func TestRacyIsCaught(t *testing.T) {
+	top := standalone(t)
+	c := newClient(t, top)
+	t.Run("Linearizable", func(t *testing.T) {
+		r := linearizabilityRun(top, testkit.BackendRacy)
+		for seed := range uint64(3) {
+			res, _, calls, _ := linearizable(t, c, r, seed)
+			n := count(calls)
+			t.Logf("run %d: %d ops (%d allowed, %d denied): %v", seed, n.calls, n.admitted, n.denied, res)
+			if res == porcupine.Illegal {
+				return
+			}
+		}
+		t.Error("porcupine found no violation in 3 runs of the racy backend")
+	})
+	t.Run("Admission", func(t *testing.T) {
+		r := admissionRun(top, testkit.BackendRacy, noRefill(1000))
+		for range 3 {
+			spec := r.spec(newKey(t))
+			var t0 time.Time
+			calls, _ := execute(t, c, r, spec, func() { t0 = c.serverTime(t, spec.Key) })
+			n := count(calls)
+			// Remaining 0 is the most favourable reading of the racy bucket.
+			err := tokenBucketBounds(r.bandwidth, t0, c.serverTime(t, spec.Key)).check(n, 0)
+			t.Logf("%d calls: admitted %d: %v", n.calls, n.admitted, err)
+			if err != nil {
+				return
+			}
+		}
+		t.Error("the racy backend stayed within the bounds in 3 runs")
+	})
+}
+
+// visualize writes porcupine's view of a failed check to a file that
+// outlives the test, and returns its path.
+func visualize(r run, info porcupine.LinearizationInfo) string {
+	f, err := os.CreateTemp("", "sluice-linearizability-*.html")
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if err := porcupine.Visualize(bucketModel(r.bandwidth.Capacity), info, f); err != nil {
+		return err.Error()
+	}
+	return f.Name()
+}
