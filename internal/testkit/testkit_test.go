@@ -198,6 +198,10 @@ func (tb *outcomeTB) Helper() {}
 
 func (tb *outcomeTB) Fatal(args ...any) { tb.end("failed", args) }
 
+func (tb *outcomeTB) Fatalf(format string, args ...any) {
+	tb.end("failed", []any{fmt.Sprintf(format, args...)})
+}
+
 func (tb *outcomeTB) Skip(args ...any) { tb.end("skipped", args) }
 
 func (tb *outcomeTB) end(outcome string, args []any) {
