@@ -42,6 +42,10 @@ test-unit: ## fast tests only (-short), with -race
 test-integration: ## tests whose names contain Integration, with -race
 	$(GO) test -race -count=1 -run 'Integration' ./...
 
+.PHONY: test-distributed
+test-distributed: ## separate processes on one bucket through real Redis: exact counts, porcupine, faults (-v: the counts; see docs/correctness.md)
+	$(GO) test -race -count=1 -v ./internal/distributed/
+
 .PHONY: bench
 bench: ## sluice vs its peers, six interleaved rounds, benchstat tables in bench/benchstat.txt (about 20 min)
 	sh benchmarks/run.sh bench

@@ -62,6 +62,7 @@ func admissionRun(top topology, backend string, bw ratelimit.Bandwidth) run {
 // exactly 1000, and with refill what the server's clock allows; every
 // other algorithm, at 1000 an hour, exactly 1000.
 func TestExactAdmission(t *testing.T) {
+	skipShort(t)
 	type bucket struct {
 		name string
 		alg  ratelimit.Algorithm

@@ -31,6 +31,7 @@ var instanceKilled = &fault{name: "InstanceKilled", inject: func(t *testing.T, _
 // anywhere after their start; nothing may be admitted beyond the limit,
 // and the instances still running must go on deciding.
 func TestFaults(t *testing.T) {
+	skipShort(t)
 	for _, tk := range topologies {
 		t.Run(tk.name, func(t *testing.T) {
 			t.Parallel()

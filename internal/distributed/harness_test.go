@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,23 +17,30 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// instanceBin is the instance program, built once by TestMain.
-var instanceBin string
+// buildDir holds the instance program, built once by the first run that
+// needs it; TestMain removes it.
+var buildDir string
+
+var instanceBin = sync.OnceValues(func() (string, error) { return testkit.BuildInstance(buildDir) })
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "sluice-distributed-")
-	if err == nil {
-		instanceBin, err = testkit.BuildInstance(dir)
-	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
 		os.Exit(1)
 	}
+	buildDir = dir
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
 		os.RemoveAll(dir)
 		os.Exit(code)
 	}))
+}
+
+// skipShort skips the distributed runs under -short: each takes seconds.
+func skipShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: distributed runs take seconds each")
+	}
 }
 
 // topology is where a run's Redis is.
@@ -200,7 +208,11 @@ type fault struct {
 // before runs just before the release.
 func execute(t *testing.T, c client, r run, spec testkit.InstanceSpec, before func()) (calls []testkit.Call, faultEnd int64) {
 	t.Helper()
-	in := testkit.StartInstances(t, instanceBin, r.processes, spec)
+	bin, err := instanceBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := testkit.StartInstances(t, bin, r.processes, spec)
 	if before != nil {
 		before()
 	}

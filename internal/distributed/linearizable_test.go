@@ -80,6 +80,7 @@ func checkLinearizable(t *testing.T, c client, r run) {
 // TestLinearizable checks the recorded histories of both Redis adapters,
 // standalone and on the cluster, with porcupine against bucketModel.
 func TestLinearizable(t *testing.T) {
+	skipShort(t)
 	for _, tk := range topologies {
 		t.Run(tk.name, func(t *testing.T) {
 			t.Parallel()
@@ -97,6 +98,7 @@ func TestLinearizable(t *testing.T) {
 // its admissions must break the count's bounds. Overlap is a matter of
 // scheduling, so each check gets three runs to show it.
 func TestRacyIsCaught(t *testing.T) {
+	skipShort(t)
 	top := standalone(t)
 	c := newClient(t, top)
 	t.Run("Linearizable", func(t *testing.T) {
