@@ -80,22 +80,17 @@ func TestExactAdmission(t *testing.T) {
 	for _, alg := range []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter} {
 		buckets = append(buckets, bucket{alg.String(), alg, ratelimit.PerHour(1000)})
 	}
-	for _, tk := range topologies {
-		t.Run(tk.name, func(t *testing.T) {
-			t.Parallel()
-			top := tk.start(t)
-			c := newClient(t, top)
-			for _, backend := range adapters {
-				for _, b := range buckets {
-					t.Run(backend+"/"+b.name, func(t *testing.T) {
-						r := admissionRun(top, backend, b.bw)
-						r.algorithm = b.alg
-						checkAdmission(t, c, r)
-					})
-				}
+	onEachTopology(t, func(t *testing.T, top topology, c client) {
+		for _, backend := range adapters {
+			for _, b := range buckets {
+				t.Run(backend+"/"+b.name, func(t *testing.T) {
+					r := admissionRun(top, backend, b.bw)
+					r.algorithm = b.alg
+					checkAdmission(t, c, r)
+				})
 			}
-		})
-	}
+		}
+	})
 }
 
 // checkAdmission makes r's run and checks the count admitted against the

@@ -32,31 +32,26 @@ var instanceKilled = &fault{name: "InstanceKilled", inject: func(t *testing.T, _
 // and the instances still running must go on deciding.
 func TestFaults(t *testing.T) {
 	skipShort(t)
-	for _, tk := range topologies {
-		t.Run(tk.name, func(t *testing.T) {
-			t.Parallel()
-			top := tk.start(t)
-			c := newClient(t, top)
-			faults := []*fault{instanceKilled}
-			if top.cluster {
-				faults = append(faults, masterPaused)
-			}
-			for _, f := range faults {
-				for _, backend := range adapters {
-					t.Run(f.name+"/"+backend, func(t *testing.T) {
-						t.Run("Admission", func(t *testing.T) {
-							r := admissionRun(top, backend, noRefill(1000))
-							r.fault, r.faultAfter, r.timeout = f, 500, 200*time.Millisecond
-							checkAdmission(t, c, r)
-						})
-						t.Run("Linearizable", func(t *testing.T) {
-							r := linearizabilityRun(top, backend)
-							r.fault, r.faultAfter, r.timeout = f, 100, 200*time.Millisecond
-							checkLinearizable(t, c, r)
-						})
+	onEachTopology(t, func(t *testing.T, top topology, c client) {
+		faults := []*fault{instanceKilled}
+		if top.cluster {
+			faults = append(faults, masterPaused)
+		}
+		for _, f := range faults {
+			for _, backend := range adapters {
+				t.Run(f.name+"/"+backend, func(t *testing.T) {
+					t.Run("Admission", func(t *testing.T) {
+						r := admissionRun(top, backend, noRefill(1000))
+						r.fault, r.faultAfter, r.timeout = f, 500, 200*time.Millisecond
+						checkAdmission(t, c, r)
 					})
-				}
+					t.Run("Linearizable", func(t *testing.T) {
+						r := linearizabilityRun(top, backend)
+						r.fault, r.faultAfter, r.timeout = f, 100, 200*time.Millisecond
+						checkLinearizable(t, c, r)
+					})
+				})
 			}
-		})
-	}
+		}
+	})
 }

@@ -45,20 +45,21 @@ func skipShort(t *testing.T) {
 
 // topology is where a run's Redis is.
 type topology struct {
-	name    string
 	addrs   []string
 	cluster bool
 	nodes   []*testkit.Redis // the cluster's masters, for faults
 }
 
+// standalone is a standalone server: $SLUICE_REDIS_ADDR, or a new one.
 func standalone(t *testing.T) topology {
 	addr, _ := testkit.StandaloneAddr(t)
-	return topology{name: "Standalone", addrs: []string{addr}}
+	return topology{addrs: []string{addr}}
 }
 
+// cluster is a new 3-master cluster.
 func cluster(t *testing.T) topology {
 	c := testkit.StartCluster(t)
-	return topology{name: "Cluster", addrs: c.Addrs(), cluster: true, nodes: c.Nodes()}
+	return topology{addrs: c.Addrs(), cluster: true, nodes: c.Nodes()}
 }
 
 // topologies start the Redis of each kind of run.
@@ -66,6 +67,18 @@ var topologies = []struct {
 	name  string
 	start func(*testing.T) topology
 }{{"Standalone", standalone}, {"Cluster", cluster}}
+
+// onEachTopology runs body in a parallel subtest for each topology, on a
+// new Redis of its kind and a client of it.
+func onEachTopology(t *testing.T, body func(t *testing.T, top topology, c client)) {
+	for _, tk := range topologies {
+		t.Run(tk.name, func(t *testing.T) {
+			t.Parallel()
+			top := tk.start(t)
+			body(t, top, newClient(t, top))
+		})
+	}
+}
 
 var adapters = []string{testkit.BackendGoRedis, testkit.BackendRueidis}
 

@@ -81,16 +81,11 @@ func checkLinearizable(t *testing.T, c client, r run) {
 // standalone and on the cluster, with porcupine against bucketModel.
 func TestLinearizable(t *testing.T) {
 	skipShort(t)
-	for _, tk := range topologies {
-		t.Run(tk.name, func(t *testing.T) {
-			t.Parallel()
-			top := tk.start(t)
-			c := newClient(t, top)
-			for _, backend := range adapters {
-				t.Run(backend, func(t *testing.T) { checkLinearizable(t, c, linearizabilityRun(top, backend)) })
-			}
-		})
-	}
+	onEachTopology(t, func(t *testing.T, top topology, c client) {
+		for _, backend := range adapters {
+			t.Run(backend, func(t *testing.T) { checkLinearizable(t, c, linearizabilityRun(top, backend)) })
+		}
+	})
 }
 
 // TestRacyIsCaught shows that the checks can fail: the racy backend reads,

@@ -8,6 +8,11 @@
 // [Redis] can also be paused, killed and restarted to inject faults.
 // [StandaloneAddr] lets a test run against an existing server instead.
 //
+// [StartInstances] runs the other side of a distributed test: separate
+// processes of the instance program ([BuildInstance]), each calling one
+// backend from many goroutines on one bucket, reporting every call's start,
+// end and decision.
+//
 // # Requirements
 //
 // redis-server 7.0 or later (for --cluster-port and CLUSTER ADDSLOTSRANGE)
