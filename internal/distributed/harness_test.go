@@ -207,6 +207,7 @@ type run struct {
 	timeout    time.Duration // of each call; 0 means the instance's default
 	fault      *fault        // strikes mid-run, or nil
 	faultAfter int           // the calls reported before it strikes
+	refill     bool          // linearizability: check with refillModel
 }
 
 // fault strikes a run in the middle.

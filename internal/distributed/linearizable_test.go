@@ -36,6 +36,14 @@ func mixedRequests(seed uint64, n int) []ratelimit.Request {
 	return reqs
 }
 
+// refillRun is linearizabilityRun on refillBandwidth, which gains a token
+// every 10ms, checked against refillModel.
+func refillRun(top topology, backend string) run {
+	r := linearizabilityRun(top, backend)
+	r.bandwidth, r.refill = refillBandwidth, true
+	return r
+}
+
 // linearizabilityRun is the run the checker gets: 3 processes × 4
 // goroutines, 300 calls of every op on one bucket of capacity 10. (With
 // more goroutines at once the search can take minutes.)
@@ -55,10 +63,26 @@ const checkTimeout = time.Minute
 func linearizable(t *testing.T, c client, r run, seed uint64) (porcupine.CheckResult, porcupine.LinearizationInfo, []testkit.Call, int64) {
 	t.Helper()
 	spec := r.spec(newKey(t))
-	spec.Requests = mixedRequests(seed, spec.Attempts)
+	requests, hist := mixedRequests, history
+	if r.refill {
+		requests, hist = refillRequests, timedHistory
+	}
+	spec.Requests = requests(seed, spec.Attempts)
 	calls, faultEnd := execute(t, c, r, spec, nil)
-	res, info := porcupine.CheckOperationsVerbose(bucketModel(r.bandwidth.Capacity), history(spec, calls), checkTimeout)
+	ops, err := hist(spec, calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, info := porcupine.CheckOperationsVerbose(r.model(), ops, checkTimeout)
 	return res, info, calls, faultEnd
+}
+
+// model is the sequential model r's history is checked against.
+func (r run) model() porcupine.Model {
+	if r.refill {
+		return refillModel(r.bandwidth.Capacity, refillScale)
+	}
+	return bucketModel(r.bandwidth.Capacity)
 }
 
 // checkLinearizable makes r's run with mixed ops and fails t unless
@@ -78,12 +102,14 @@ func checkLinearizable(t *testing.T, c client, r run) {
 }
 
 // TestLinearizable checks the recorded histories of both Redis adapters,
-// standalone and on the cluster, with porcupine against bucketModel.
+// standalone and on the cluster, with porcupine: against bucketModel, and
+// with refill against refillModel.
 func TestLinearizable(t *testing.T) {
 	skipShort(t)
 	onEachTopology(t, func(t *testing.T, top topology, c client) {
 		for _, backend := range adapters {
 			t.Run(backend, func(t *testing.T) { checkLinearizable(t, c, linearizabilityRun(top, backend)) })
+			t.Run(backend+"/Refill", func(t *testing.T) { checkLinearizable(t, c, refillRun(top, backend)) })
 		}
 	})
 }
@@ -96,18 +122,23 @@ func TestRacyIsCaught(t *testing.T) {
 	skipShort(t)
 	top := standalone(t)
 	c := newClient(t, top)
-	t.Run("Linearizable", func(t *testing.T) {
-		r := linearizabilityRun(top, testkit.BackendRacy)
-		for seed := range uint64(3) {
-			res, _, calls, _ := linearizable(t, c, r, seed)
-			n := count(calls)
-			t.Logf("run %d: %d ops (%d allowed, %d denied): %v", seed, n.calls, n.admitted, n.denied, res)
-			if res == porcupine.Illegal {
-				return
-			}
+	for _, r := range []run{linearizabilityRun(top, testkit.BackendRacy), refillRun(top, testkit.BackendRacy)} {
+		name := "Linearizable"
+		if r.refill {
+			name += "/Refill"
 		}
-		t.Error("porcupine found no violation in 3 runs of the racy backend")
-	})
+		t.Run(name, func(t *testing.T) {
+			for seed := range uint64(3) {
+				res, _, calls, _ := linearizable(t, c, r, seed)
+				n := count(calls)
+				t.Logf("run %d: %d ops (%d allowed, %d denied): %v", seed, n.calls, n.admitted, n.denied, res)
+				if res == porcupine.Illegal {
+					return
+				}
+			}
+			t.Error("porcupine found no violation in 3 runs of the racy backend")
+		})
+	}
 	t.Run("Admission", func(t *testing.T) {
 		r := admissionRun(top, testkit.BackendRacy, noRefill(1000))
 		for range 3 {
@@ -134,7 +165,7 @@ func visualize(r run, info porcupine.LinearizationInfo) string {
 		return err.Error()
 	}
 	defer f.Close()
-	if err := porcupine.Visualize(bucketModel(r.bandwidth.Capacity), info, f); err != nil {
+	if err := porcupine.Visualize(r.model(), info, f); err != nil {
 		return err.Error()
 	}
 	return f.Name()
