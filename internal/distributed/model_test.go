@@ -285,7 +285,9 @@ func decideAt(full, scale, level int64, req ratelimit.Request) timedOutcome {
 }
 
 // refillBandwidth is the bucket of the refill linearizability runs: 10
-// tokens, one more every 10ms, so Scale 10,000 and Rate 1.
+// tokens, one more every 10ms, so Scale 10,000 and Rate 1. (At one a
+// millisecond the bucket is often full, which bounds a call's time only
+// from below, and porcupine's search took up to a minute.)
 var refillBandwidth = ratelimit.Every(10*time.Millisecond, 1).WithBurst(10)
 
 const refillScale = 10_000 // refillBandwidth's scaled units to a token
@@ -303,9 +305,9 @@ func TestRefillModelMatchesMemory(t *testing.T) {
 		b := memory.New(memory.WithClock(clock))
 		state := model.Init()
 		for i, req := range refillRequests(seed, 300) {
-			pause := r.IntN(4) * r.IntN(8_000) // µs; about half a token a call
+			pause := r.IntN(4) * r.IntN(refillScale*4/5) // µs; about half a token a call
 			if r.IntN(20) == 0 {
-				pause = 150_000 // long enough to fill the bucket
+				pause = 15 * refillScale // long enough to fill the bucket
 			}
 			clock.Advance(time.Duration(pause) * time.Microsecond)
 			d, err := b.Do(context.Background(), "k", cfg, req)
