@@ -8,8 +8,9 @@ import (
 )
 
 // masterPaused pauses the cluster master that holds the bucket for 1s,
-// longer than the calls' 200ms timeout and shorter than the cluster's 2s
-// node timeout: calls time out, and those already sent run at the resume.
+// shorter than the cluster's 2s node timeout, so there is no failover.
+// Calls with a shorter timeout fail, and those already sent run at the
+// resume; calls with a longer one wait.
 var masterPaused = &fault{name: "MasterPaused", inject: func(t *testing.T, c client, r run, key string, _ *testkit.Instances) {
 	master := c.master(t, r.top, key)
 	master.Pause(t)
@@ -46,8 +47,12 @@ func TestFaults(t *testing.T) {
 						checkAdmission(t, c, r)
 					})
 					t.Run("Linearizable", func(t *testing.T) {
+						// Calls outlast the pause: each call that fails may
+						// take effect anywhere after its start, and the
+						// dozens a 200ms timeout makes can keep porcupine
+						// searching for minutes. The Admission run has them.
 						r := linearizabilityRun(top, backend)
-						r.fault, r.faultAfter, r.timeout = f, 100, 200*time.Millisecond
+						r.fault, r.faultAfter, r.timeout = f, 100, 2*time.Second
 						checkLinearizable(t, c, r)
 					})
 				})

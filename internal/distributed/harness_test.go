@@ -151,7 +151,8 @@ func (c client) inspect(t *testing.T, key string, cfg ratelimit.Config) int64 {
 // tally is what a run's calls add up to.
 type tally struct {
 	calls, admitted, denied, failed int
-	first, last                     int64 // the earliest start, the latest end, ns
+	first, last                     int64         // the earliest start, the latest end, ns
+	longest                         time.Duration // of the calls that returned
 }
 
 func count(calls []testkit.Call) tally {
@@ -161,6 +162,9 @@ func count(calls []testkit.Call) tally {
 			n.first = c.Start
 		}
 		n.last = max(n.last, c.End)
+		if c.End != 0 {
+			n.longest = max(n.longest, time.Duration(c.End-c.Start))
+		}
 		n.calls++
 		switch {
 		case c.Err != "":

@@ -94,8 +94,8 @@ func checkLinearizable(t *testing.T, c client, r run) {
 		t.Errorf("porcupine: %v; visualization in %s", res, visualize(r, info))
 	}
 	n := count(calls)
-	t.Logf("%d processes × %d goroutines, %d ops (%d allowed, %d denied, %d failed): %v",
-		r.processes, r.goroutines, n.calls, n.admitted, n.denied, n.failed, res)
+	t.Logf("%d processes × %d goroutines, %d ops (%d allowed, %d denied, %d failed; the longest took %v): %v",
+		r.processes, r.goroutines, n.calls, n.admitted, n.denied, n.failed, n.longest.Round(time.Millisecond), res)
 	if r.fault != nil {
 		checkDecidesAfter(t, calls, faultEnd)
 	}
