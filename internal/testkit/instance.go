@@ -233,6 +233,11 @@ func (in *Instances) read(p *instance, stdout io.Reader) {
 			in.mu.Unlock()
 		}
 	}
+	if err := sc.Err(); err != nil {
+		in.fail(fmt.Errorf("instance %d: reading its output: %w", p.index, err))
+		// Drain the rest, so that the process never blocks on a full pipe.
+		_, _ = io.Copy(io.Discard, stdout)
+	}
 	err := p.cmd.Wait()
 	ready(fmt.Errorf("exited before it was ready: %v", err))
 	in.mu.Lock()
@@ -243,6 +248,7 @@ func (in *Instances) read(p *instance, stdout io.Reader) {
 	}
 }
 
+// fail records an error for Wait to report.
 func (in *Instances) fail(err error) {
 	in.mu.Lock()
 	in.errs = append(in.errs, err)
