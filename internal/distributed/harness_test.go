@@ -115,21 +115,28 @@ func newClient(t *testing.T, top topology) client {
 	return client{c, b}
 }
 
+// node returns a client of the server that holds the bucket at key: c.raw
+// itself on a standalone server, the key's master on a cluster.
+func (c client) node(ctx context.Context, t *testing.T, key string) *redis.Client {
+	t.Helper()
+	cc, ok := c.raw.(*redis.ClusterClient)
+	if !ok {
+		return c.raw.(*redis.Client)
+	}
+	master, err := cc.MasterForKey(ctx, redisscript.Key("", key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return master
+}
+
 // serverTime reads the clock of the server that holds the bucket at key:
 // the clock its script reads.
 func (c client) serverTime(t *testing.T, key string) time.Time {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	node := c.raw
-	if cc, ok := c.raw.(*redis.ClusterClient); ok {
-		master, err := cc.MasterForKey(ctx, redisscript.Key("", key))
-		if err != nil {
-			t.Fatal(err)
-		}
-		node = master
-	}
-	now, err := node.Time(ctx).Result()
+	now, err := c.node(ctx, t, key).Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,15 +268,12 @@ func (c client) master(t *testing.T, top topology, key string) *testkit.Redis {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	m, err := c.raw.(*redis.ClusterClient).MasterForKey(ctx, redisscript.Key("", key))
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr := c.node(ctx, t, key).Options().Addr
 	for _, n := range top.nodes {
-		if n.Addr() == m.Options().Addr {
+		if n.Addr() == addr {
 			return n
 		}
 	}
-	t.Fatalf("no node of %v is %s", top.addrs, m.Options().Addr)
+	t.Fatalf("no node of %v is %s", top.addrs, addr)
 	return nil
 }
