@@ -1,0 +1,143 @@
+package failpolicy
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// BreakerState is the state of a [Backend]'s circuit breaker.
+type BreakerState int32
+
+const (
+	// BreakerClosed: every decision goes to the store. It is the initial
+	// state.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen: after [WithBreaker]'s count of consecutive failures, no
+	// decision goes to the store until the cool-down has passed; the mode
+	// decides them all.
+	BreakerOpen
+	// BreakerHalfOpen: the cool-down has passed and one decision, the
+	// probe, has gone to the store; the mode decides the others until it
+	// answers. An answer closes the breaker; a failure opens it again for
+	// another cool-down.
+	BreakerHalfOpen
+)
+
+var breakerStateNames = [...]string{"BreakerClosed", "BreakerOpen", "BreakerHalfOpen"}
+
+// String returns the state's Go name.
+func (s BreakerState) String() string {
+	if s >= 0 && int(s) < len(breakerStateNames) {
+		return breakerStateNames[s]
+	}
+	return fmt.Sprintf("BreakerState(%d)", int32(s))
+}
+
+// breaker counts consecutive failures and decides which calls may go to
+// the store. Its fast path, a closed breaker without failures, is two
+// atomic loads; the rest takes the mutex.
+type breaker struct {
+	threshold int32
+	coolDown  int64 // ns
+
+	state       atomic.Int32 // a BreakerState
+	failures    atomic.Int32 // consecutive, while closed
+	lastFailure atomic.Int64 // ns, on the Backend's clock; 0: never
+
+	mu       sync.Mutex
+	openedAt int64 // ns, on the Backend's clock
+	probing  bool  // a probe is out
+}
+
+// transition is a change of state that the caller reports once it has
+// let go of the mutex.
+type transition struct {
+	from, to BreakerState
+}
+
+// allow reports whether a call may go to the store, and whether it is the
+// half-open breaker's probe. now reads the clock, in ns; a closed breaker
+// does not ask it.
+func (b *breaker) allow(now func() int64) (ok, probe bool, t transition) {
+	if BreakerState(b.state.Load()) == BreakerClosed {
+		return true, false, t
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch BreakerState(b.state.Load()) {
+	case BreakerClosed:
+		return true, false, t
+	case BreakerOpen:
+		if now()-b.openedAt < b.coolDown {
+			return false, false, t
+		}
+		t = b.set(BreakerHalfOpen)
+	}
+	if b.probing {
+		return false, false, t
+	}
+	b.probing = true
+	return true, true, t
+}
+
+// succeeded records that the store answered a call.
+func (b *breaker) succeeded(probe bool) (t transition) {
+	if !probe && b.failures.Load() == 0 && BreakerState(b.state.Load()) == BreakerClosed {
+		return t
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.failures.Store(0)
+	if probe {
+		b.probing = false
+		t = b.set(BreakerClosed)
+	}
+	return t
+}
+
+// suspect reports whether the store has failed lately: the breaker is not
+// closed, or a call has failed within the last cool-down. A store that has
+// never failed costs no clock reading.
+func (b *breaker) suspect(now func() int64) bool {
+	last := b.lastFailure.Load()
+	return last != 0 && (b.failures.Load() != 0 || BreakerState(b.state.Load()) != BreakerClosed || now()-last < b.coolDown)
+}
+
+// failed records that a call failed at now (ns).
+func (b *breaker) failed(probe bool, now int64) (t transition) {
+	b.lastFailure.Store(now)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case probe:
+		b.probing = false
+		b.openedAt = now
+		t = b.set(BreakerOpen)
+	case BreakerState(b.state.Load()) == BreakerClosed:
+		// Calls that were out when the breaker opened count for nothing.
+		if b.failures.Add(1) >= b.threshold {
+			b.failures.Store(0)
+			b.openedAt = now
+			t = b.set(BreakerOpen)
+		}
+	}
+	return t
+}
+
+// abandoned records that a probe ended without a verdict (its caller gave
+// up), so that the next call may probe.
+func (b *breaker) abandoned(probe bool) {
+	if !probe {
+		return
+	}
+	b.mu.Lock()
+	b.probing = false
+	b.mu.Unlock()
+}
+
+// set changes the state, with b.mu held.
+func (b *breaker) set(to BreakerState) transition {
+	from := BreakerState(b.state.Swap(int32(to)))
+	return transition{from, to}
+}
