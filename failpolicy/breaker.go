@@ -41,9 +41,8 @@ type breaker struct {
 	threshold int32
 	coolDown  int64 // ns
 
-	state       atomic.Int32 // a BreakerState
-	failures    atomic.Int32 // consecutive, while closed
-	lastFailure atomic.Int64 // ns, on the Backend's clock; 0: never
+	state    atomic.Int32 // a BreakerState
+	failures atomic.Int32 // consecutive, while closed
 
 	mu       sync.Mutex
 	openedAt int64 // ns, on the Backend's clock
@@ -96,17 +95,8 @@ func (b *breaker) succeeded(probe bool) (t transition) {
 	return t
 }
 
-// suspect reports whether the store has failed lately: the breaker is not
-// closed, or a call has failed within the last cool-down. A store that has
-// never failed costs no clock reading.
-func (b *breaker) suspect(now func() int64) bool {
-	last := b.lastFailure.Load()
-	return last != 0 && (b.failures.Load() != 0 || BreakerState(b.state.Load()) != BreakerClosed || now()-last < b.coolDown)
-}
-
 // failed records that a call failed at now (ns).
 func (b *breaker) failed(probe bool, now int64) (t transition) {
-	b.lastFailure.Store(now)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {

@@ -9,15 +9,11 @@
 //
 // Every decision's context gets a deadline, 5 ms unless [WithTimeout] says
 // otherwise, even when the caller's context has none; a caller's earlier
-// deadline stands. While the store is healthy, the call runs on the
-// caller's goroutine and its client must end it at the deadline: see
-// docs/operations.md for the go-redis and rueidis settings, which their
-// LowLatency helpers make. From the first failure until a cool-down after
-// the last, the deadline is hard: each call runs in a goroutine of its
-// own, and the decision returns at the deadline whatever the client does.
-// (Handing every call to another goroutine made a healthy rueidis store's
-// serial decisions 31% slower, and with 64 goroutines on 2 CPUs pushed
-// nearly all of them past the deadline: see BenchmarkHealthy.)
+// deadline stands. The deadline is hard: each call runs in a goroutine of
+// its own, and the decision returns at the deadline whatever the client
+// does. The client should still end a call at its context's deadline, or
+// calls left behind pile up: see docs/operations.md for the go-redis and
+// rueidis settings, which their LowLatency helpers make.
 //
 // # Failures
 //
@@ -258,13 +254,7 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	wait, stopWait := context.WithTimeout(ctx, b.timeout)
 	defer stopWait()
 	var r result
-	switch {
-	case !probe && !b.breaker.suspect(b.now):
-		// A healthy store: the client ends the call at the deadline, and
-		// the caller's goroutine spares the handoff to another.
-		r.d, r.err = b.next.Do(wait, key, cfg, req)
-		r.verdict = b.judge(r.err, errors.Is(ctx.Err(), context.Canceled), false)
-	case probe:
+	if probe {
 		// The probe gets the cool-down to answer, not the deadline: a
 		// store coming back may need a new connection and the script
 		// loaded before it answers, and on a busy machine that takes
@@ -272,7 +262,7 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		// deadline, and the probe judges the store when it ends.
 		store, stopStore := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(b.breaker.coolDown))
 		r = b.ask(wait, store, stopStore, key, cfg, req, true)
-	default:
+	} else {
 		r = b.ask(wait, wait, func() {}, key, cfg, req, false)
 		r.verdict = b.judge(r.err, errors.Is(ctx.Err(), context.Canceled), false)
 	}
@@ -318,8 +308,8 @@ type result struct {
 }
 
 // ask asks the next Backend under store's deadline, and returns when it
-// answers or when wait is done, whichever comes first: the hard deadline
-// of a store that has failed lately. Both Redis clients end a call at its
+// answers or when wait is done, whichever comes first. Both Redis clients
+// end a call at its
 // context's deadline on most paths, but not on all: rueidis, opening a
 // connection to a server that stalled or closing one, waits up to a
 // second. So the call runs in a goroutine of its own, on a copy of cfg's
