@@ -8,10 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/sluicehq/sluice/backend/memory"
-	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
 	"github.com/sluicehq/sluice/failpolicy"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -43,18 +40,7 @@ func BenchmarkHealthy(b *testing.B) {
 			return m
 		}},
 		{"rueidis", func(b *testing.B) ratelimit.Backend {
-			opt := rueidis.ClientOption{InitAddress: []string{testkit.StartRedis(b).Addr()}, ForceSingleClient: true, DisableCache: true}
-			rueidisbackend.LowLatency(&opt)
-			c, err := rueidis.NewClient(opt)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(c.Close)
-			r, err := rueidisbackend.New(c)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return r
+			return adapters[1].connect(b, testkit.StartRedis(b).Addr()) // rueidis, set up by LowLatency
 		}},
 	}
 	for _, s := range stores {

@@ -22,9 +22,9 @@ import (
 // helper, as docs/operations.md recommends.
 var adapters = []struct {
 	name    string
-	connect func(t *testing.T, addr string) ratelimit.Backend
+	connect func(t testing.TB, addr string) ratelimit.Backend
 }{
-	{"goredis", func(t *testing.T, addr string) ratelimit.Backend {
+	{"goredis", func(t testing.TB, addr string) ratelimit.Backend {
 		opts := &redis.Options{Addr: addr}
 		redisbackend.LowLatency(opts)
 		c := redis.NewClient(opts)
@@ -35,7 +35,7 @@ var adapters = []struct {
 		}
 		return b
 	}},
-	{"rueidis", func(t *testing.T, addr string) ratelimit.Backend {
+	{"rueidis", func(t testing.TB, addr string) ratelimit.Backend {
 		opt := rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true, DisableCache: true}
 		rueidisbackend.LowLatency(&opt)
 		c, err := rueidis.NewClient(opt)
