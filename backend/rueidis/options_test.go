@@ -1,7 +1,6 @@
 package rueidisbackend_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,6 +14,7 @@ import (
 	"github.com/redis/rueidis"
 
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -88,16 +88,6 @@ func TestLowLatency(t *testing.T) {
 	}
 }
 
-// lowCfg is a bucket of 10 that refills one token in 6 minutes: during a
-// test, Remaining counts down the calls that took a token.
-var lowCfg = ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(10)}}
-
-// take is one Consume of one token.
-var take = ratelimit.Request{Tokens: 1}
-
-// debugCommand lets clients on 127.0.0.1 send DEBUG, for DEBUG SLEEP.
-var debugCommand = []string{"--enable-debug-command", "local"}
-
 // lowLatencyKinds are the clients the integration tests build. "Client"
 // runs a lone call on its connection with a socket deadline; "Pipelined"
 // always pipelines, with none.
@@ -106,22 +96,22 @@ var lowLatencyKinds = []string{"Client", "Pipelined", "Sentinel", "Cluster"}
 // lowLatencyBackend returns a backend on a new LowLatency client of kind,
 // and the servers that hold its buckets, to pause. The client is closed by
 // t.Cleanup, before the servers are killed.
-func lowLatencyBackend(t *testing.T, kind string) (*rueidisbackend.Backend, []*testkit.Redis) {
+func lowLatencyBackend(t *testing.T, kind string) (ratelimit.Backend, []*testkit.Redis) {
 	t.Helper()
 	opt := rueidis.ClientOption{DisableCache: true}
 	var servers []*testkit.Redis
 	switch kind {
 	case "Client", "Pipelined":
-		r := testkit.StartRedis(t, debugCommand...)
+		r := testkit.StartRedis(t, redistest.DebugCommand...)
 		opt.InitAddress, opt.ForceSingleClient, servers = []string{r.Addr()}, true, []*testkit.Redis{r}
 		opt.AlwaysPipelining = kind == "Pipelined"
 	case "Sentinel":
-		r := testkit.StartRedis(t, debugCommand...)
+		r := testkit.StartRedis(t, redistest.DebugCommand...)
 		s := testkit.StartSentinel(t, r)
 		opt.InitAddress, servers = []string{s.Addr()}, []*testkit.Redis{r}
 		opt.Sentinel.MasterSet = testkit.SentinelMaster
 	case "Cluster":
-		cl := testkit.StartCluster(t, debugCommand...)
+		cl := testkit.StartCluster(t, redistest.DebugCommand...)
 		opt.InitAddress, servers = cl.Addrs(), cl.Nodes()
 		t.Cleanup(waitDelayedRefresh) // runs after the client's Close
 	default:
@@ -153,26 +143,6 @@ func waitDelayedRefresh() {
 	}
 }
 
-// timed calls b.Do with take on key and reports how long it took.
-func timed(ctx context.Context, b *rueidisbackend.Backend, key string) (ratelimit.Decision, time.Duration, error) {
-	start := time.Now()
-	d, err := b.Do(ctx, key, lowCfg, take)
-	return d, time.Since(start), err
-}
-
-// within retries f until it succeeds or d has passed, and returns its
-// last result.
-func within(d time.Duration, f func() (ratelimit.Decision, error)) (ratelimit.Decision, error) {
-	deadline := time.Now().Add(d)
-	for {
-		dec, err := f()
-		if err == nil || time.Now().After(deadline) {
-			return dec, err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // stallBound is how long a call on a stalled or dead server may take in
 // these tests: far above the 5ms deadline and the 250ms it takes at most to
 // find a stalled pipelining connection, and below rueidis's defaults (up to
@@ -184,187 +154,25 @@ func within(d time.Duration, f func() (ratelimit.Decision, error)) (ratelimit.De
 // the race detector; see docs/operations.md).
 const stallBound = 1500 * time.Millisecond
 
-// TestLowLatencyDeadlineIntegration: on a paused server a decision with a
-// 5ms deadline returns ErrTimeout at about the deadline, and once the
-// server resumes the next decision succeeds, on a new connection if the
-// old one was closed.
-func TestLowLatencyDeadlineIntegration(t *testing.T) {
+// TestLowLatencyIntegration runs [redistest.LowLatency] on each client
+// kind. A call on a paused server returns ErrTimeout at about its 5ms
+// deadline, or, without one, after about the 50ms ConnWriteTimeout on a
+// connection serving it alone, and within 250ms on a pipelining one, when
+// the PING finds the stall; not after rueidis's default of up to 12s. Once
+// the server resumes the next call succeeds, on a new connection if the
+// old one was closed. A call on a server stalled for 100ms either gives up
+// after the 50ms ConnWriteTimeout, or, on a pipelining connection, may wait
+// the stall out before a PING finds it; either way it is sent once, so the
+// bucket is charged once.
+func TestLowLatencyIntegration(t *testing.T) {
 	t.Parallel()
-	for _, kind := range lowLatencyKinds {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			b, servers := lowLatencyBackend(t, kind)
-			ctx := context.Background()
-			if _, err := b.Do(ctx, "k", lowCfg, take); err != nil {
-				t.Fatal(err)
-			}
-			pause(t, servers)
-			dctx, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
-			_, elapsed, err := timed(dctx, b, "k")
-			cancel()
-			resume(t, servers)
-			t.Logf("a decision with a 5ms deadline on a paused server returned after %v: %v", elapsed, err)
-			if !errors.Is(err, ratelimit.ErrTimeout) {
-				t.Errorf("Do on a paused server: %v; want ErrTimeout", err)
-			}
-			if elapsed > stallBound {
-				t.Errorf("Do on a paused server returned after %v; want about the 5ms deadline, or a second more while connecting", elapsed)
-			}
-			if _, err := within(2*time.Second, func() (ratelimit.Decision, error) { return b.Do(ctx, "k", lowCfg, take) }); err != nil {
-				t.Errorf("Do after the server resumed: %v", err)
-			}
-		})
-	}
-}
-
-// TestLowLatencyBackstopIntegration: on a paused server a call whose
-// context has no deadline returns ErrTimeout after about the 50ms
-// ConnWriteTimeout on a connection serving it alone, and within 250ms on a
-// pipelining one, when the PING finds the stall; not after rueidis's
-// default of up to 12s.
-func TestLowLatencyBackstopIntegration(t *testing.T) {
-	t.Parallel()
-	for _, kind := range lowLatencyKinds {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			b, servers := lowLatencyBackend(t, kind)
-			ctx := context.Background()
-			if _, err := b.Do(ctx, "k", lowCfg, take); err != nil {
-				t.Fatal(err)
-			}
-			pause(t, servers)
-			_, elapsed, err := timed(ctx, b, "k")
-			resume(t, servers)
-			t.Logf("a call without a deadline on a paused server returned after %v: %v", elapsed, err)
-			if !errors.Is(err, ratelimit.ErrTimeout) {
-				t.Errorf("Do on a paused server: %v; want ErrTimeout", err)
-			}
-			if elapsed > stallBound {
-				t.Errorf("Do on a paused server returned after %v; want at most 250ms, or a second more while connecting", elapsed)
-			}
-			if _, err := within(2*time.Second, func() (ratelimit.Decision, error) { return b.Do(ctx, "k", lowCfg, take) }); err != nil {
-				t.Errorf("Do after the server resumed: %v", err)
-			}
-		})
-	}
-}
-
-// TestLowLatencyNoRetryIntegration: a server that stalls for 100ms (DEBUG
-// SLEEP) runs a decision sent meanwhile once it wakes. The call either gave
-// up after the 50ms ConnWriteTimeout, or, on a pipelining connection, may
-// have waited the stall out before a PING found it; either way it was sent
-// once, so the bucket is charged once.
-func TestLowLatencyNoRetryIntegration(t *testing.T) {
-	t.Parallel()
-	for _, kind := range lowLatencyKinds {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			b, servers := lowLatencyBackend(t, kind)
-			ctx := context.Background()
-			if _, err := b.Do(ctx, "k", lowCfg, take); err != nil {
-				t.Fatal(err)
-			}
-			wake := stall(t, servers, 100*time.Millisecond)
-			_, elapsed, err := timed(ctx, b, "k")
-			wake()
-			t.Logf("a call without a deadline on a stalled server returned after %v: %v", elapsed, err)
-			if err != nil && !errors.Is(err, ratelimit.ErrTimeout) {
-				t.Fatalf("Do on a stalled server: %v; want success or ErrTimeout", err)
-			}
-			d, err := within(2*time.Second, func() (ratelimit.Decision, error) { return b.Do(ctx, "k", lowCfg, take) })
-			if err != nil {
-				t.Fatalf("Do after the stall: %v", err)
-			}
-			// 10 tokens, less the first call, the last, and each run of the
-			// timed-out one.
-			runs := 10 - 2 - d.Remaining
-			t.Logf("the timed-out call ran %d times", runs)
-			if runs > 1 {
-				t.Errorf("the timed-out call ran %d times; want at most once (Remaining %d after the last call)", runs, d.Remaining)
-			}
-		})
-	}
-}
-
-// TestLowLatencyKilledIntegration: while the server is down a call fails at
-// once, with or without a deadline, and once it is back on the same port
-// the next call succeeds.
-func TestLowLatencyKilledIntegration(t *testing.T) {
-	t.Parallel()
-	b, servers := lowLatencyBackend(t, "Client")
-	r := servers[0]
-	ctx := context.Background()
-	if _, err := b.Do(ctx, "k", lowCfg, take); err != nil {
-		t.Fatal(err)
-	}
-	r.Kill(t)
-	for _, tc := range []struct {
-		name    string
-		timeout time.Duration // 0: no deadline
-	}{{"no deadline", 0}, {"5ms deadline", 5 * time.Millisecond}, {"no deadline again", 0}} {
-		cctx, cancel := ctx, context.CancelFunc(func() {})
-		if tc.timeout > 0 {
-			cctx, cancel = context.WithTimeout(ctx, tc.timeout)
-		}
-		_, elapsed, err := timed(cctx, b, "k")
-		cancel()
-		t.Logf("%s: a call on a killed server returned after %v: %v", tc.name, elapsed, err)
-		if !errors.Is(err, ratelimit.ErrBackendUnavailable) && !errors.Is(err, ratelimit.ErrTimeout) {
-			t.Errorf("%s: Do on a killed server: %v; want ErrBackendUnavailable or ErrTimeout", tc.name, err)
-		}
-		if elapsed > stallBound {
-			t.Errorf("%s: Do on a killed server returned after %v; want at once", tc.name, elapsed)
-		}
-	}
-	r.Restart(t)
-	if _, err := within(2*time.Second, func() (ratelimit.Decision, error) { return b.Do(ctx, "k", lowCfg, take) }); err != nil {
-		t.Errorf("Do after the server restarted: %v", err)
-	}
-}
-
-// stall makes each server sleep for d with DEBUG SLEEP, sent on a
-// connection of its own, and returns once they all sleep; the function it
-// returns waits until they have woken.
-func stall(t *testing.T, servers []*testkit.Redis, d time.Duration) (wake func()) {
-	t.Helper()
-	var conns []net.Conn
-	for _, r := range servers {
-		c, err := net.Dial("tcp", r.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if _, err := fmt.Fprintf(c, "DEBUG SLEEP %g\r\n", d.Seconds()); err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	// An idle server takes the command within a millisecond.
-	time.Sleep(20 * time.Millisecond)
-	return func() {
-		t.Helper()
-		for _, c := range conns {
-			if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
-				t.Fatal(err)
-			}
-			reply, err := bufio.NewReader(c).ReadString('\n')
-			if err != nil || reply != "+OK\r\n" {
-				t.Fatalf("DEBUG SLEEP: %q, %v", reply, err)
-			}
-		}
-	}
-}
-
-func pause(t *testing.T, servers []*testkit.Redis) {
-	t.Helper()
-	for _, r := range servers {
-		r.Pause(t)
-	}
-}
-
-func resume(t *testing.T, servers []*testkit.Redis) {
-	t.Helper()
-	for _, r := range servers {
-		r.Resume(t)
-	}
+	redistest.LowLatency(t, redistest.LowLatencyAdapter{
+		Kinds:             lowLatencyKinds,
+		Standalone:        "Client",
+		Backend:           lowLatencyBackend,
+		StallBound:        stallBound,
+		WantDeadline:      "about the 5ms deadline, or a second more while connecting",
+		WantBackstop:      "at most 250ms, or a second more while connecting",
+		StalledMaySucceed: true,
+	})
 }

@@ -7,7 +7,8 @@
 // failures, and Check.
 //
 // Each backend's test calls [Run] with an [Adapter]; the adapters differ
-// only in how they build a client.
+// only in how they build a client. [LowLatency] checks each backend's
+// LowLatency client settings on paused, stalled and killed servers.
 package redistest
 
 import (
