@@ -309,14 +309,13 @@ type result struct {
 
 // ask asks the next Backend under store's deadline, and returns when it
 // answers or when wait is done, whichever comes first. Both Redis clients
-// end a call at its
-// context's deadline on most paths, but not on all: rueidis, opening a
-// connection to a server that stalled or closing one, waits up to a
-// second. So the call runs in a goroutine of its own, on a copy of cfg's
-// bandwidths that it may keep; stopStore runs when it ends. A call left
-// behind ends when its client gives up, and the breaker keeps such calls
-// few. A probe judges the store itself, when it ends; ask returns its
-// verdict, or failed if it is still out.
+// end a call at its context's deadline on most paths, but not on all:
+// rueidis, opening a connection to a server that stalled or closing one,
+// waits up to a second. So the call runs in a goroutine of its own, on a
+// copy of cfg's bandwidths that it may keep; stopStore runs when it ends.
+// A call left behind ends when its client gives up, and the breaker keeps
+// such calls few. A probe judges the store itself, when it ends; ask
+// returns its verdict, or failed if it is still out.
 func (b *Backend) ask(wait, store context.Context, stopStore context.CancelFunc, key string, cfg ratelimit.Config, req ratelimit.Request, probe bool) result {
 	cfg.Bandwidths = slices.Clone(cfg.Bandwidths)
 	done := make(chan result, 1)
