@@ -370,7 +370,7 @@ func (b *Backend) degrade(ctx context.Context, key string, cfg ratelimit.Config,
 	if b.hooks.Degraded != nil {
 		b.hooks.Degraded(ctx, key, b.mode, cause)
 	}
-	d := ratelimit.Decision{Degraded: true, Limit: smallestCapacity(cfg)}
+	d := ratelimit.Decision{Degraded: true, Limit: cfg.MinCapacity()}
 	switch b.mode {
 	case Open:
 		d.Allowed = true
@@ -391,18 +391,6 @@ func (b *Backend) degrade(ctx context.Context, key string, cfg ratelimit.Config,
 		return local, nil
 	}
 	return d, nil
-}
-
-// smallestCapacity is the Limit a degraded decision reports: the smallest
-// Capacity of cfg's bandwidths.
-func smallestCapacity(cfg ratelimit.Config) int64 {
-	var c int64
-	for i, bw := range cfg.Bandwidths {
-		if i == 0 || bw.Capacity < c {
-			c = bw.Capacity
-		}
-	}
-	return c
 }
 
 // Share returns cfg with each bandwidth's Capacity, RefillTokens and

@@ -193,12 +193,7 @@ func stall(t *testing.T, p *failpolicy.Backend, key string, cfg ratelimit.Config
 
 // sortedCount returns how many of the sorted durations are at most d.
 func sortedCount(sorted []time.Duration, d time.Duration) int {
-	n, _ := slices.BinarySearchFunc(sorted, d, func(x, d time.Duration) int {
-		if x <= d {
-			return -1
-		}
-		return 1
-	})
+	n, _ := slices.BinarySearch(sorted, d+1)
 	return n
 }
 

@@ -137,7 +137,7 @@ func CheckRequest(key string, cfg Config, req Request) error {
 	}
 	switch req.Op {
 	case Consume, Estimate, Reserve:
-		if limit := minCapacity(cfg); req.Tokens < 1 || req.Tokens > limit {
+		if limit := cfg.MinCapacity(); req.Tokens < 1 || req.Tokens > limit {
 			return fmt.Errorf("%w: %v Tokens must be between 1 and the smallest Capacity (%d), got %d", ErrInvalidRequest, req.Op, limit, req.Tokens)
 		}
 		if req.MaxWait < 0 {
@@ -154,10 +154,13 @@ func CheckRequest(key string, cfg Config, req Request) error {
 	return nil
 }
 
-func minCapacity(cfg Config) int64 {
+// MinCapacity returns the smallest Capacity of c's bandwidths: the most
+// tokens one request may ask for, and the Limit a decision not made by the
+// store reports. It is [MaxCapacity] when c has no bandwidths.
+func (c Config) MinCapacity() int64 {
 	limit := int64(MaxCapacity)
-	for i := range cfg.Bandwidths {
-		limit = min(limit, cfg.Bandwidths[i].Capacity)
+	for i := range c.Bandwidths {
+		limit = min(limit, c.Bandwidths[i].Capacity)
 	}
 	return limit
 }

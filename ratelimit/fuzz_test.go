@@ -261,7 +261,7 @@ func (in *fuzzInput) request(cfg Config) Request {
 	req := Request{Op: Op(in.byte() % 8), Strategy: Inheritance(in.byte() % 4)}
 	switch req.Op {
 	case Consume, Estimate, Reserve:
-		req.Tokens = in.in(1, minCapacity(cfg))
+		req.Tokens = in.in(1, cfg.MinCapacity())
 		if req.Op == Reserve {
 			req.MaxWait = time.Duration(in.in(0, math.MaxInt64-1))
 		}
@@ -278,7 +278,7 @@ func (in *fuzzInput) windowRequest(cfg Config) Request {
 	req := Request{Op: ops[in.byte()%byte(len(ops))], Strategy: Inheritance(in.byte() % 4)}
 	switch req.Op {
 	case Consume, Estimate:
-		req.Tokens = in.in(1, minCapacity(cfg))
+		req.Tokens = in.in(1, cfg.MinCapacity())
 	case ConsumeUpTo, Add:
 		req.Tokens = in.in(1, math.MaxInt64-1)
 	}
@@ -380,7 +380,7 @@ func FuzzConfigValidate(f *testing.F) {
 			return // each algorithm's own fuzz target runs its math
 		}
 
-		limit := minCapacity(cfg)
+		limit := cfg.MinCapacity()
 		forever := time.Duration(math.MaxInt64)
 		var s State
 		now := int64(1) << 50

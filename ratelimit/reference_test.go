@@ -358,7 +358,7 @@ func replan(r *rand.Rand, cfg Config) Config {
 
 // randRequest returns a valid request for cfg, mostly ones that take.
 func randRequest(r *rand.Rand, cfg Config) Request {
-	limit := minCapacity(cfg)
+	limit := cfg.MinCapacity()
 	req := Request{Tokens: 1 + r.Int64N(limit), Strategy: Inheritance(r.IntN(4))}
 	switch k := r.IntN(20); {
 	case k < 6:
@@ -505,7 +505,7 @@ func TestApplyFullAfterResetAfter(t *testing.T) {
 					fail("at %d: %+v, want a new bucket's %+v", at, got, fresh)
 				}
 			}
-			if n := minCapacity(cfg); warmup > 0 {
+			if n := cfg.MinCapacity(); warmup > 0 {
 				late := cloneState(&s)
 				if got := Apply(&late, cfg, estimate(n), s.ExpiresAt-1); !got.Allowed || got.ResetAfter != 0 {
 					fail("at ExpiresAt-1: Estimate(%d) = %+v, want the full bucket", n, got)

@@ -402,9 +402,9 @@ func counterSmallConfig(r *rand.Rand) Config {
 
 func counterRandRequest(r *rand.Rand, cfg Config) Request {
 	ops := []Op{Consume, Consume, Consume, Estimate, ConsumeUpTo, Add, Reset, Replace, Inspect}
-	req := Request{Op: ops[r.IntN(len(ops))], Tokens: 1 + r.Int64N(minCapacity(cfg)), Strategy: Inheritance(r.IntN(4))}
+	req := Request{Op: ops[r.IntN(len(ops))], Tokens: 1 + r.Int64N(cfg.MinCapacity()), Strategy: Inheritance(r.IntN(4))}
 	if req.Op == ConsumeUpTo || req.Op == Add {
-		req.Tokens = 1 + r.Int64N(2*minCapacity(cfg))
+		req.Tokens = 1 + r.Int64N(2*cfg.MinCapacity())
 	}
 	return req
 }
@@ -477,7 +477,7 @@ func counterRun(t *testing.T, data []byte) {
 		}
 		ops := []Op{Consume, Estimate, ConsumeUpTo, Add, Reset, Replace, Inspect}
 		req := Request{Op: ops[in.in(0, int64(len(ops)-1))], Strategy: Inheritance(in.in(0, 3))}
-		limit := minCapacity(cfg)
+		limit := cfg.MinCapacity()
 		switch req.Op {
 		case Consume, Estimate:
 			req.Tokens = in.in(1, limit) >> in.in(0, 50)
@@ -565,7 +565,7 @@ func counterCheckStep(t *testing.T, s *State, cfg Config, req Request, now int64
 		c := cloneState(s)
 		return Apply(&c, cfg, estimate(n), at).Allowed
 	}
-	limit := minCapacity(cfg)
+	limit := cfg.MinCapacity()
 	if d.Allowed {
 		if d.Remaining > 0 && !admits(now, min(d.Remaining, limit)) || d.Remaining < limit && admits(now, d.Remaining+1) {
 			fail("Remaining %d is not what the bucket admits", d.Remaining)

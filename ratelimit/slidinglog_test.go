@@ -195,7 +195,7 @@ func logRandConfig(r *rand.Rand) Config {
 
 // logRandRequest returns a valid request for cfg, mostly Consume.
 func logRandRequest(r *rand.Rand, cfg Config) Request {
-	req := Request{Tokens: 1 + r.Int64N(minCapacity(cfg)), Strategy: Inheritance(r.IntN(4))}
+	req := Request{Tokens: 1 + r.Int64N(cfg.MinCapacity()), Strategy: Inheritance(r.IntN(4))}
 	switch k := r.IntN(20); {
 	case k < 9:
 		req.Op = Consume
@@ -394,7 +394,7 @@ func TestLogWindowHoldsAtMostCapacity(t *testing.T) {
 		now := int64(0)
 		for range 200 {
 			now += r.Int64N(6)
-			req := consume(1 + r.Int64N(minCapacity(cfg)))
+			req := consume(1 + r.Int64N(cfg.MinCapacity()))
 			if r.IntN(3) == 0 {
 				req = consumeUpTo(1 + r.Int64N(10))
 			}

@@ -816,7 +816,7 @@ func TestApplyReadOnly(t *testing.T) {
 			cfgOf(PerSecond(10).WithInitialTokens(0)),
 			cfgOf(tenth.WithBurst(4).WithID("a"), Every(1000*us, 3).WithBurst(9).AlignedTo(time.UnixMicro(5)).WithInitialTokens(2)),
 		} {
-			for _, req := range []Request{estimate(1), estimate(minCapacity(cfg)), inspect(), {Op: Inspect, Strategy: Additive}} {
+			for _, req := range []Request{estimate(1), estimate(cfg.MinCapacity()), inspect(), {Op: Inspect, Strategy: Additive}} {
 				// What req finds, and leaves, in a bucket Reset built.
 				var want State
 				Apply(&want, cfg, Request{Op: Reset}, 1000)
@@ -1200,7 +1200,7 @@ func TestApplyNoLivelock(t *testing.T) {
 		cfgOf(Every(1000*us, 2).WithBurst(5).AlignedTo(time.UnixMicro(333)).WithInitialTokens(0)),
 		cfgOf(PerSecond(10).WithInitialTokens(0), Every(1000*us, 3).WithBurst(4).WithRefill(Interval).WithInitialTokens(1)),
 	} {
-		n := minCapacity(cfg)
+		n := cfg.MinCapacity()
 		t.Run(describe(cfg), func(t *testing.T) {
 			var s State
 			now := int64(12345)
