@@ -32,7 +32,7 @@ func testExact(t *testing.T, a Adapter, tops []topology) {
 func testSentinel(t *testing.T, a Adapter) {
 	t.Parallel()
 	master := testkit.StartRedis(t)
-	sentinel := testkit.StartSentinel(t, master)
+	sentinel := testkit.StartSentinel(t, master.Addr())
 	b1 := a.Sentinel(t, []string{sentinel.Addr()}, testkit.SentinelMaster)
 	b2 := a.Sentinel(t, []string{sentinel.Addr()}, testkit.SentinelMaster)
 	Exact(t, ratelimit.TokenBucket, b1, b2)

@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -54,6 +57,23 @@ type InstanceSpec struct {
 	Goroutines, Attempts int
 	// Timeout bounds each call; 0 means 10s.
 	Timeout time.Duration
+	// Holds divide the attempts into phases, so that a test can act
+	// between them without racing the calls: at each hold, in order, no
+	// goroutine starts attempt At or a later one until the harness
+	// releases the hold with [Instances.Go]. Once every attempt before At
+	// has started (some may still be in flight), the instance reports
+	// that it holds, which [Instances.WaitHeld] waits for. Each At must
+	// be after the previous one and before Attempts.
+	Holds []Hold
+}
+
+// Hold is one of [InstanceSpec.Holds].
+type Hold struct {
+	// At is the first attempt held back.
+	At int
+	// Timeout bounds each call from attempt At to the next hold; 0
+	// means the spec's Timeout.
+	Timeout time.Duration
 }
 
 // Call is one call an instance made, as it reports it.
@@ -80,10 +100,12 @@ const ErrUnreported = "unreported: the instance died during the call"
 
 // InstanceLine is one line, in JSON, that the instance program writes on
 // stdout: Ready once connected; then for each call, Started (Instance,
-// Goroutine, Attempt and Start) just before it and Call as it returns; then
-// Done. Or Fatal when it gives up.
+// Goroutine, Attempt and Start) just before it and Call as it returns,
+// with Held at each of the spec's holds; then Done. Or Fatal when it gives
+// up.
 type InstanceLine struct {
 	Ready   bool   `json:",omitempty"`
+	Held    bool   `json:",omitempty"`
 	Done    bool   `json:",omitempty"`
 	Fatal   string `json:",omitempty"`
 	Started *Call  `json:",omitempty"`
@@ -91,7 +113,7 @@ type InstanceLine struct {
 }
 
 // InstanceGo is the line the harness writes on an instance's stdin, after
-// the spec, to release it.
+// the spec, to release it, and again to release each of its holds.
 const InstanceGo = "go\n"
 
 // BuildInstance builds the instance program into dir and returns its path.
@@ -117,6 +139,7 @@ func BuildInstance(dir string) (string, error) {
 // started by [StartInstances], that wait to be released by Go.
 type Instances struct {
 	procs []*instance
+	gos   int // the Go calls so far
 
 	mu    sync.Mutex
 	calls []Call
@@ -126,12 +149,72 @@ type Instances struct {
 
 // instance is one process and what it has reported.
 type instance struct {
-	index  int
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	ready  chan error    // one value: nil once connected, else why not
-	done   chan struct{} // closed once its stdout is drained and it is reaped
+	index int
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	ready chan error    // one value: nil once connected, else why not
+	done  chan struct{} // closed once its stdout is drained and it is reaped
+	tail  tail          // its last lines, for failure messages
+
+	// Guarded by Instances.mu.
 	killed bool
+	held   int // the holds it has reported
+}
+
+// tailLines is how many of an instance's last lines failures show.
+const tailLines = 20
+
+// tail keeps the last lines an instance wrote on stdout and stderr. As an
+// io.Writer it takes stderr, in pieces that need not end lines.
+type tail struct {
+	mu      sync.Mutex
+	lines   []string
+	partial []byte // stderr written since its last newline
+}
+
+func (tl *tail) add(line string) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.addLocked(line)
+}
+
+func (tl *tail) addLocked(line string) {
+	if len(tl.lines) == tailLines {
+		tl.lines = slices.Delete(tl.lines, 0, 1)
+	}
+	tl.lines = append(tl.lines, line)
+}
+
+func (tl *tail) Write(p []byte) (int, error) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.partial = append(tl.partial, p...)
+	for {
+		i := bytes.IndexByte(tl.partial, '\n')
+		if i < 0 {
+			break
+		}
+		tl.addLocked("stderr: " + string(tl.partial[:i]))
+		tl.partial = tl.partial[i+1:]
+	}
+	if len(tl.partial) > 4096 {
+		tl.addLocked("stderr: " + string(tl.partial))
+		tl.partial = nil
+	}
+	return len(p), nil
+}
+
+func (tl *tail) String() string {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	lines := tl.lines
+	if len(tl.partial) > 0 {
+		lines = append(slices.Clip(lines), "stderr: "+string(tl.partial))
+	}
+	if len(lines) == 0 {
+		return "  (none)"
+	}
+	return "  " + strings.Join(lines, "\n  ")
 }
 
 // instanceStartTimeout bounds the wait for every instance to connect.
@@ -173,7 +256,8 @@ func (in *Instances) start(bin string, i int, spec InstanceSpec) error {
 	cmd := exec.Command(bin, strconv.Itoa(i))
 	// A race-enabled program sleeps 1s before it exits unless told not to.
 	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))
-	cmd.Stderr = os.Stderr
+	p := &instance{index: i, cmd: cmd, ready: make(chan error, 1), done: make(chan struct{})}
+	cmd.Stderr = io.MultiWriter(os.Stderr, &p.tail)
 	cmd.SysProcAttr = sysProcAttr()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -186,7 +270,7 @@ func (in *Instances) start(bin string, i int, spec InstanceSpec) error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	p := &instance{index: i, cmd: cmd, stdin: stdin, ready: make(chan error, 1), done: make(chan struct{})}
+	p.stdin = stdin
 	in.procs = append(in.procs, p)
 	go in.read(p, stdout)
 	// The pipe holds the spec until the program reads it.
@@ -206,6 +290,7 @@ func (in *Instances) read(p *instance, stdout io.Reader) {
 	}
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
+		p.tail.add("stdout: " + sc.Text())
 		var line InstanceLine
 		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
 			in.fail(fmt.Errorf("instance %d wrote %q: %w", p.index, sc.Text(), err))
@@ -218,6 +303,10 @@ func (in *Instances) read(p *instance, stdout io.Reader) {
 			in.fail(err)
 		case line.Ready:
 			ready(nil)
+		case line.Held:
+			in.mu.Lock()
+			p.held++
+			in.mu.Unlock()
 		case line.Done:
 			finished = true
 		case line.Started != nil:
@@ -255,46 +344,95 @@ func (in *Instances) fail(err error) {
 	in.mu.Unlock()
 }
 
-// Go releases every instance at once.
+// Go releases every instance not killed at once: first from the start,
+// then from each of the spec's holds in turn, once [Instances.WaitHeld] has
+// seen them all hold there.
 func (in *Instances) Go(t testing.TB) {
 	t.Helper()
+	in.gos++
 	for i, p := range in.procs {
+		in.mu.Lock()
+		killed := p.killed
+		in.mu.Unlock()
+		if killed {
+			continue
+		}
 		if _, err := io.WriteString(p.stdin, InstanceGo); err != nil {
-			t.Fatalf("testkit: release instance %d: %v", i, err)
+			t.Fatalf("testkit: release instance %d: %v; its last lines:\n%s", i, err, p.tail.String())
 		}
 	}
 }
 
-// Calls returns how many calls the instances have reported so far.
-func (in *Instances) Calls() int {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return len(in.calls)
-}
-
-// WaitCalls waits until the instances have reported n calls, or until
-// timeout, which fails t.
-func (in *Instances) WaitCalls(t testing.TB, n int, timeout time.Duration) {
+// WaitHeld waits until every instance not killed holds at the hold that
+// the next Go releases: every attempt before it has started, and none
+// after it will until then. It fails t if an instance ends first, or after
+// instanceRunTimeout.
+func (in *Instances) WaitHeld(t testing.TB) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for in.Calls() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("testkit: %d calls reported within %v, waiting for %d", in.Calls(), timeout, n)
+	deadline := time.Now().Add(instanceRunTimeout)
+	for {
+		p, err := in.notHeld()
+		switch {
+		case err != nil:
+			t.Fatalf("testkit: waiting for hold %d: %v", in.gos, err)
+		case p == nil:
+			return
+		case time.Now().After(deadline):
+			t.Fatalf("testkit: instance %d not at hold %d after %v; its last lines:\n%s", p.index, in.gos, instanceRunTimeout, p.tail.String())
 		}
 		time.Sleep(time.Millisecond)
 	}
 }
 
-// Kill kills instance i with SIGKILL mid-run. Its calls in flight may have
-// taken effect; Wait returns them with Err [ErrUnreported].
+// notHeld returns an instance not killed that has yet to report the hold
+// the next Go releases, or nil if none is left. An instance that ended
+// before it held is an error.
+func (in *Instances) notHeld() (*instance, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for _, p := range in.procs {
+		if p.killed || p.held >= in.gos {
+			continue
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("instance %d ended before it held (%v); its last lines:\n%s", p.index, p.cmd.ProcessState, p.tail.String())
+		default:
+			return p, nil
+		}
+	}
+	return nil, nil
+}
+
+// Kill kills instance i with SIGKILL mid-run, and returns once it is dead.
+// Its calls in flight may have taken effect; Wait returns them with Err
+// [ErrUnreported]. Killing an instance that has already exited is an
+// error in the test's design, not a fault injected: a test must kill an
+// instance that cannot have finished, such as one that holds.
 func (in *Instances) Kill(t testing.TB, i int) {
 	t.Helper()
 	p := in.procs[i]
+	exited := func() {
+		t.Helper()
+		<-p.done
+		t.Fatalf("testkit: Kill(%d): the instance had exited already (%v), so the kill struck nothing; kill an instance that holds (InstanceSpec.Holds). Its last lines:\n%s",
+			i, p.cmd.ProcessState, p.tail.String())
+	}
+	select {
+	case <-p.done:
+		exited()
+	default:
+	}
 	in.mu.Lock()
 	p.killed = true
 	in.mu.Unlock()
 	if err := p.cmd.Process.Kill(); err != nil {
-		t.Fatalf("testkit: kill instance %d: %v", i, err)
+		exited()
+	}
+	select {
+	case <-p.done:
+	case <-time.After(instanceStartTimeout):
+		t.Fatalf("testkit: Kill(%d): not reaped within %v", i, instanceStartTimeout)
 	}
 }
 

@@ -2,21 +2,36 @@ package testkit_test
 
 import (
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
+
+// buildDir holds the instance program, built once by the first test that
+// needs it; TestMain removes it.
+var buildDir string
+
+var instanceBin = sync.OnceValues(func() (string, error) { return testkit.BuildInstance(buildDir) })
+
+// buildInstance returns the instance program, or fails t.
+func buildInstance(t *testing.T) string {
+	t.Helper()
+	bin, err := instanceBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
 
 // TestInstances runs 2 instances × 3 goroutines, 10 calls each, and
 // checks what they report: every attempt once, in its instance, with
 // times in order and the bucket's capacity admitted.
 func TestInstances(t *testing.T) {
 	t.Parallel()
-	bin, err := testkit.BuildInstance(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := buildInstance(t)
 	r := testkit.StartRedis(t)
 	spec := testkit.InstanceSpec{
 		Backend: testkit.BackendGoRedis, Addrs: []string{r.Addr()}, Key: "instances",
@@ -55,10 +70,7 @@ func TestInstances(t *testing.T) {
 // StartInstances fail the test with the instance's reason.
 func TestInstancesBadSpec(t *testing.T) {
 	t.Parallel()
-	bin, err := testkit.BuildInstance(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := buildInstance(t)
 	tests := []struct {
 		name string
 		spec testkit.InstanceSpec
@@ -67,6 +79,10 @@ func TestInstancesBadSpec(t *testing.T) {
 		{"Backend", testkit.InstanceSpec{Backend: "memcached", Addrs: []string{"127.0.0.1:1"}, Goroutines: 1}, `Backend "memcached"`},
 		{"Goroutines", testkit.InstanceSpec{Backend: testkit.BackendGoRedis, Addrs: []string{"127.0.0.1:1"}}, "Goroutines 0"},
 		{"Addrs", testkit.InstanceSpec{Backend: testkit.BackendRueidis, Goroutines: 1}, "no Addrs"},
+		{"HoldAtAttempts", testkit.InstanceSpec{Backend: testkit.BackendGoRedis, Addrs: []string{"127.0.0.1:1"}, Goroutines: 1, Attempts: 5,
+			Holds: []testkit.Hold{{At: 5}}}, "Holds[0] {At 5"},
+		{"HoldsOutOfOrder", testkit.InstanceSpec{Backend: testkit.BackendGoRedis, Addrs: []string{"127.0.0.1:1"}, Goroutines: 1, Attempts: 5,
+			Holds: []testkit.Hold{{At: 3}, {At: 2}}}, "Holds[1] {At 2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -82,5 +98,100 @@ func TestInstancesBadSpec(t *testing.T) {
 				t.Errorf("StartInstances %s: %q; want it failed, naming %s", tb.outcome, tb.msg, tt.want)
 			}
 		})
+	}
+}
+
+// TestInstancesHold runs 2 instances × 3 goroutines, 12 calls each, with
+// holds at attempts 4 and 8, and the server paused between them: every
+// attempt before a hold starts before WaitHeld returns, and none after it
+// until Go releases it; the calls between the holds have that phase's
+// timeout of 50ms, and the others the spec's 10s.
+func TestInstancesHold(t *testing.T) {
+	t.Parallel()
+	const phaseTimeout = 50 * time.Millisecond
+	r := testkit.StartRedis(t)
+	spec := testkit.InstanceSpec{
+		Backend: testkit.BackendGoRedis, Addrs: []string{r.Addr()}, Key: "holds",
+		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(100)}},
+		Goroutines: 3, Attempts: 12,
+		Holds: []testkit.Hold{{At: 4, Timeout: phaseTimeout}, {At: 8}},
+	}
+	in := testkit.StartInstances(t, buildInstance(t), 2, spec)
+	in.Go(t)
+	in.WaitHeld(t)
+	r.Pause(t)
+	paused := time.Now().UnixNano()
+	in.Go(t)
+	in.WaitHeld(t)
+	resuming := time.Now().UnixNano()
+	r.Resume(t)
+	in.Go(t)
+	calls := in.Wait(t)
+	if len(calls) != 24 {
+		t.Fatalf("%d calls reported, want 24", len(calls))
+	}
+	held := []int64{paused, resuming} // each hold seen, before its release
+	failed := map[int]int{}           // the calls of phase 1 that failed, by instance
+	for _, c := range calls {
+		phase := 0
+		for _, h := range spec.Holds {
+			if c.Attempt >= h.At {
+				phase++
+			}
+		}
+		if phase > 0 && c.Start <= held[phase-1] {
+			t.Errorf("instance %d started attempt %d before hold %d was released", c.Instance, c.Attempt, phase-1)
+		}
+		if phase < len(held) && c.Start >= held[phase] {
+			t.Errorf("instance %d started attempt %d after WaitHeld saw it hold at %d", c.Instance, c.Attempt, spec.Holds[phase].At)
+		}
+		took := time.Duration(c.End - c.Start)
+		switch {
+		case phase != 1 && c.Err != "":
+			t.Errorf("instance %d, attempt %d, with the server up: %s", c.Instance, c.Attempt, c.Err)
+		case phase == 1 && c.Err != "":
+			failed[c.Instance]++
+			// The spec's 10s would take 200 times as long.
+			if took < phaseTimeout || took > 5*time.Second {
+				t.Errorf("instance %d, attempt %d, on the paused server, failed after %v; want the phase's %v timeout", c.Instance, c.Attempt, took, phaseTimeout)
+			}
+		case phase == 1 && c.End < resuming:
+			t.Errorf("instance %d, attempt %d decided while the server was paused", c.Instance, c.Attempt)
+		}
+	}
+	// Each instance starts its fourth call in the phase only once one of
+	// its three has ended, which only a timeout can do.
+	for i := range 2 {
+		if failed[i] == 0 {
+			t.Errorf("instance %d: no call on the paused server timed out", i)
+		}
+	}
+}
+
+// TestKillExited: killing an instance that has finished fails the test as
+// a mistake in its design, with the instance's last lines.
+func TestKillExited(t *testing.T) {
+	t.Parallel()
+	r := testkit.StartRedis(t)
+	spec := testkit.InstanceSpec{
+		Backend: testkit.BackendGoRedis, Addrs: []string{r.Addr()}, Key: "kill-exited",
+		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(100)}},
+		Goroutines: 1, Attempts: 1,
+	}
+	in := testkit.StartInstances(t, buildInstance(t), 1, spec)
+	in.Go(t)
+	in.Wait(t)
+	tb := &outcomeTB{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		in.Kill(tb, 0)
+		tb.outcome = "returned"
+	}()
+	<-done
+	for _, want := range []string{"had exited already", "exit status 0", `"Done":true`} {
+		if tb.outcome != "failed" || !strings.Contains(tb.msg, want) {
+			t.Errorf("Kill of an exited instance %s: %q; want it failed, saying %s", tb.outcome, tb.msg, want)
+		}
 	}
 }

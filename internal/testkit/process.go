@@ -45,9 +45,11 @@ func (r *Redis) argv() []string {
 			"--cluster-enabled", "yes",
 			"--cluster-port", strconv.Itoa(r.busPort),
 			"--cluster-config-file", filepath.Join(r.dir, "nodes.conf"),
-			// Short, so that tests of a killed or paused node see the
-			// cluster notice within seconds.
-			"--cluster-node-timeout", "2000",
+			// Far longer than a test pauses a node for, so that the
+			// others never mark it failed: a master without replicas that
+			// was marked failed keeps the cluster down long after it
+			// answers again.
+			"--cluster-node-timeout", "10000",
 		)
 	}
 	return append(argv, r.args...)

@@ -5,13 +5,19 @@
 // [StartRedis] starts a standalone server and [StartCluster] a Redis Cluster
 // of three masters. Every server listens on a free 127.0.0.1 port, keeps its
 // files in t.TempDir(), persists nothing and is killed by t.Cleanup. A
-// [Redis] can also be paused, killed and restarted to inject faults.
-// [StandaloneAddr] lets a test run against an existing server instead.
+// [Redis] can also be paused, killed and restarted to inject faults; Pause
+// and Resume return only once the fault is in place or over, so a test
+// never races them. A [Proxy] in front of a server (or, from
+// [StartProxiedCluster], of each cluster node) stalls the replies to
+// chosen requests. [StandaloneAddr] lets a test run against an existing
+// server instead.
 //
 // [StartInstances] runs the other side of a distributed test: separate
 // processes of the instance program ([BuildInstance]), each calling one
 // backend from many goroutines on one bucket, reporting every call's start,
-// end and decision.
+// end and decision, and holding between phases of the run
+// ([InstanceSpec].Holds) so that a fault strikes at a point the calls
+// cannot run past.
 //
 // # Requirements
 //
@@ -26,6 +32,7 @@ package testkit
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -33,6 +40,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // envRedisAddr names the variable that points [StandaloneAddr] at an existing
@@ -136,19 +144,51 @@ func (r *Redis) Addr() string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port))
 }
 
-// Pause stops the process with SIGSTOP. Its sockets stay open, so clients
-// connect and send but never get a reply: the way a hung or partitioned
-// server looks to them.
+// Pause stops the process with SIGSTOP and returns once the kernel reports
+// every thread of it stopped, so that a call sent after Pause returns is
+// sure to meet a paused server. Its sockets stay open, so clients connect
+// and send but never get a reply: the way a hung or partitioned server
+// looks to them.
 func (r *Redis) Pause(t testing.TB) {
 	t.Helper()
 	r.signal(t, syscall.SIGSTOP)
+	if err := r.waitFor(r.stopped); err != nil {
+		t.Fatalf("testkit: redis-server %s not stopped after SIGSTOP: %v", r.Addr(), err)
+	}
 }
 
-// Resume continues a paused process with SIGCONT; it then answers the
-// commands that queued up meanwhile.
+// Resume continues a paused process with SIGCONT and returns once it
+// answers on a new connection; it then answers the commands that queued
+// up meanwhile.
 func (r *Redis) Resume(t testing.TB) {
 	t.Helper()
 	r.signal(t, syscall.SIGCONT)
+	answers := func() (bool, error) { return probe(r.Addr(), r.cmd.Process.Pid) == nil, nil }
+	if err := r.waitFor(answers); err != nil {
+		t.Fatalf("testkit: redis-server %s not answering after SIGCONT: %v", r.Addr(), err)
+	}
+}
+
+// waitFor polls cond until it holds, fails, the server exits, or
+// readyTimeout passes.
+func (r *Redis) waitFor(cond func() (bool, error)) error {
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		ok, err := cond()
+		switch {
+		case err != nil:
+			return err
+		case ok:
+			return nil
+		case time.Now().After(deadline):
+			return fmt.Errorf("still not so after %v", readyTimeout)
+		}
+		select {
+		case <-r.exited:
+			return fmt.Errorf("it exited: %v", r.cmd.ProcessState)
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 func (r *Redis) signal(t testing.TB, sig syscall.Signal) {
@@ -190,13 +230,14 @@ func (r *Redis) Restart(t testing.TB) {
 const SentinelMaster = "sluice"
 
 // StartSentinel starts a Sentinel (redis-server --sentinel) on a free
-// 127.0.0.1 port that monitors master as [SentinelMaster], with a quorum of
-// one, and waits until it answers. Failover clients (go-redis's
+// 127.0.0.1 port that monitors the server at master (a [Redis]'s Addr, or
+// a [Proxy]'s in front of it) as [SentinelMaster], with a quorum of one,
+// and waits until it answers. Failover clients (go-redis's
 // NewFailoverClient, rueidis's Sentinel option) find master through it.
 // t.Cleanup kills it.
-func StartSentinel(t testing.TB, master *Redis) *Redis {
+func StartSentinel(t testing.TB, master string) *Redis {
 	t.Helper()
-	return startWith(t, func(r *Redis) { r.master = master.Addr() })
+	return startWith(t, func(r *Redis) { r.master = master })
 }
 
 // StandaloneAddr returns the address of a standalone server for the test.

@@ -18,7 +18,18 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sluice-testkit-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	buildDir = dir
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}))
+}
 
 func newClient(t *testing.T, addr string) *redis.Client {
 	t.Helper()

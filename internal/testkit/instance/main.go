@@ -4,12 +4,14 @@
 // Usage: instance INDEX. It reads a testkit.InstanceSpec as one JSON line
 // on stdin, connects to Redis and writes {"Ready":true}; on the line "go"
 // it runs the spec's goroutines, writing a testkit.InstanceLine on stdout
-// as each call starts and as it returns, then {"Done":true}, and exits. If
-// it cannot go on, it writes {"Fatal":"why"} and exits 1.
+// as each call starts and as it returns, then {"Done":true}, and exits. At
+// each of the spec's holds it writes {"Held":true} and waits for another
+// "go". If it cannot go on, it writes {"Fatal":"why"} and exits 1.
 package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,7 +19,6 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -74,6 +75,9 @@ func run(o *out) error {
 	if spec.Goroutines < 1 || spec.Attempts < 0 {
 		return fmt.Errorf("spec: Goroutines %d, Attempts %d", spec.Goroutines, spec.Attempts)
 	}
+	if err := checkHolds(spec); err != nil {
+		return err
+	}
 	if len(spec.Requests) == 0 {
 		spec.Requests = []ratelimit.Request{{Op: ratelimit.Consume, Tokens: 1}}
 	}
@@ -95,21 +99,20 @@ func run(o *out) error {
 	}
 	o.line(testkit.InstanceLine{Ready: true})
 
-	if goLine, err := in.ReadString('\n'); err != nil || goLine != testkit.InstanceGo {
-		return fmt.Errorf("waiting for go: read %q, %v", goLine, err)
+	if err := awaitGo(in); err != nil {
+		return err
 	}
-	var (
-		next atomic.Int64
-		wg   sync.WaitGroup
-	)
-	for g := range spec.Goroutines {
+	g := newGate(spec, func() { o.line(testkit.InstanceLine{Held: true}) })
+	go g.serve(in)
+	var wg sync.WaitGroup
+	for gi := range spec.Goroutines {
 		wg.Go(func() {
 			for {
-				i := int(next.Add(1) - 1)
-				if i >= spec.Attempts {
+				i, ok := g.take()
+				if !ok {
 					return
 				}
-				o.line(testkit.InstanceLine{Call: call(o, backend, spec, index, g, i)})
+				o.line(testkit.InstanceLine{Call: call(o, g, backend, spec, index, gi, i)})
 			}
 		})
 	}
@@ -117,15 +120,117 @@ func run(o *out) error {
 	return nil
 }
 
+// awaitGo reads the next line on stdin, which must be the harness's go.
+func awaitGo(in *bufio.Reader) error {
+	if line, err := in.ReadString('\n'); err != nil || line != testkit.InstanceGo {
+		return fmt.Errorf("waiting for go: read %q, %v", line, err)
+	}
+	return nil
+}
+
+// gate hands out the attempts to the goroutines and keeps them from
+// passing a hold until the harness releases it; see
+// testkit.InstanceSpec.Holds.
+type gate struct {
+	attempts int
+	holds    []testkit.Hold
+	timeout  time.Duration // the spec's: of the calls in a phase without one
+	held     func()        // reports that the instance holds
+
+	mu       sync.Mutex
+	released sync.Cond // signalled when a hold is released
+	next     int       // the next attempt to hand out
+	started  int       // the attempts whose start has been reported
+	passed   int       // the holds released so far
+	reported bool      // the current hold has been reported
+}
+
+func newGate(spec testkit.InstanceSpec, held func()) *gate {
+	g := &gate{attempts: spec.Attempts, holds: spec.Holds, timeout: spec.Timeout, held: held}
+	g.released.L = &g.mu
+	return g
+}
+
+// take returns the next attempt, waiting at a hold until it is released,
+// or false once every attempt has been handed out.
+func (g *gate) take() (int, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for g.passed < len(g.holds) && g.next == g.holds[g.passed].At {
+		g.released.Wait()
+	}
+	if g.next >= g.attempts {
+		return 0, false
+	}
+	g.next++
+	return g.next - 1, true
+}
+
+// start records that attempt i's start has been reported, and returns the
+// timeout of its call. Once every attempt before a hold has started, the
+// instance reports that it holds there.
+func (g *gate) start(i int) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.started++
+	if g.passed < len(g.holds) && g.started == g.holds[g.passed].At && !g.reported {
+		g.reported = true
+		g.held()
+	}
+	timeout := g.timeout
+	for _, h := range g.holds {
+		if i >= h.At {
+			timeout = cmp.Or(h.Timeout, g.timeout)
+		}
+	}
+	return timeout
+}
+
+// serve releases a hold for each go the harness writes on stdin. When
+// stdin closes the harness is gone: an instance held then would wait for
+// ever, so it exits.
+func (g *gate) serve(in *bufio.Reader) {
+	for {
+		if err := awaitGo(in); err != nil {
+			g.mu.Lock()
+			held := g.passed < len(g.holds)
+			g.mu.Unlock()
+			if held {
+				fmt.Fprintf(os.Stderr, "instance: %v\n", err)
+				os.Exit(1)
+			}
+			return
+		}
+		g.mu.Lock()
+		g.passed++
+		g.reported = false
+		g.released.Broadcast()
+		g.mu.Unlock()
+	}
+}
+
+// checkHolds checks that spec's holds are within its attempts, in order.
+func checkHolds(spec testkit.InstanceSpec) error {
+	last := 0
+	for k, h := range spec.Holds {
+		if h.At <= last || h.At >= spec.Attempts || h.Timeout < 0 {
+			return fmt.Errorf("spec: Holds[%d] {At %d, Timeout %v}: want At after the last hold's (%d) and before Attempts (%d), and Timeout not negative",
+				k, h.At, h.Timeout, last, spec.Attempts)
+		}
+		last = h.At
+	}
+	return nil
+}
+
 // call makes attempt i: it reports the start, and returns the call to
 // report once done.
-func call(o *out, b backend, spec testkit.InstanceSpec, index, g, i int) *testkit.Call {
-	c := &testkit.Call{Instance: index, Goroutine: g, Attempt: i}
-	ctx, cancel := context.WithTimeout(context.Background(), spec.Timeout)
-	defer cancel()
+func call(o *out, g *gate, b backend, spec testkit.InstanceSpec, index, gi, i int) *testkit.Call {
+	c := &testkit.Call{Instance: index, Goroutine: gi, Attempt: i}
 	c.Start = time.Now().UnixNano()
 	started := *c
 	o.line(testkit.InstanceLine{Started: &started})
+	ctx, cancel := context.WithTimeout(context.Background(), g.start(i))
+	defer cancel()
 	d, err := b.Do(ctx, spec.Key, spec.Config, spec.Requests[i%len(spec.Requests)])
 	c.End = time.Now().UnixNano()
 	c.Decision = d
