@@ -2,7 +2,6 @@ package distributed_test
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -95,13 +94,12 @@ func TestExactAdmission(t *testing.T) {
 
 // checkAdmission makes r's run and checks the count admitted against the
 // bounds. Without a fault no call may fail, and a run without refill must
-// admit exactly Capacity. With one, calls that started after it must
-// decide.
+// admit exactly Capacity. With one, checkFault must pass.
 func checkAdmission(t *testing.T, c client, r run) {
 	t.Helper()
 	spec := r.spec(newKey(t))
 	var t0 time.Time
-	calls, faultEnd := execute(t, c, r, spec, func() { t0 = c.serverTime(t, spec.Key) })
+	calls, m := execute(t, c, r, spec, func() { t0 = c.serverTime(t, spec.Key) })
 	remaining := c.inspect(t, spec.Key, spec.Config)
 	t1 := c.serverTime(t, spec.Key)
 
@@ -117,17 +115,27 @@ func checkAdmission(t *testing.T, c client, r run) {
 		r.processes, r.goroutines, n.calls, time.Duration(n.last-n.first).Round(time.Millisecond), n.rate(),
 		n.admitted, n.denied, n.failed, remaining, b.low, b.high, b.span.Round(time.Millisecond))
 	if r.fault != nil {
-		checkDecidesAfter(t, calls, faultEnd)
+		logFault(t, r, calls, m)
 	}
 }
 
-// checkDecidesAfter fails t unless some call that started after the fault
-// ended decided.
-func checkDecidesAfter(t *testing.T, calls []testkit.Call, faultEnd int64) {
+// logFault fails t unless checkFault passes r's run, and logs what the
+// calls during and after the fault did.
+func logFault(t *testing.T, r run, calls []testkit.Call, m marks) {
 	t.Helper()
-	started, failed, errs := decidedAfter(calls, faultEnd)
-	if started == failed {
-		t.Errorf("no call that started after the fault decided (%d started; errors: %s)", started, strings.Join(errs, "; "))
+	if err := checkFault(r, calls, m); err != nil {
+		t.Error(err)
 	}
-	t.Logf("after the fault: %d calls, %d failed", started, failed)
+	var during, after []testkit.Call
+	for _, c := range calls {
+		switch {
+		case c.Start > m.healed:
+			after = append(after, c)
+		case c.Start > m.struck && c.Start < m.healing:
+			during = append(during, c)
+		}
+	}
+	d, a := count(during), count(after)
+	t.Logf("during the fault (%v): %d calls, %d decided, %d failed; after it: %d calls, %d decided, %d failed",
+		time.Duration(m.healed-m.struck).Round(time.Millisecond), d.calls, d.admitted+d.denied, d.failed, a.calls, a.admitted+a.denied, a.failed)
 }

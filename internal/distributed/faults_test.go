@@ -1,36 +1,92 @@
 package distributed_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-// masterPaused pauses the cluster master that holds the bucket for 1s,
-// shorter than the cluster's 2s node timeout, so there is no failover.
-// Calls with a shorter timeout fail, and those already sent run at the
-// resume; calls with a longer one wait.
-var masterPaused = &fault{name: "MasterPaused", inject: func(t *testing.T, c client, r run, key string, _ *testkit.Instances) {
-	master := c.master(t, r.top, key)
-	master.Pause(t)
-	time.Sleep(time.Second)
-	master.Resume(t)
-}}
+// pauseFor is how long masterPaused keeps the master paused at least:
+// long enough for the calls with a 200ms timeout to fail, far shorter
+// than the cluster's node timeout, so the other masters never mark it
+// failed.
+const pauseFor = time.Second
 
-// instanceKilled kills instance 0 with SIGKILL; its calls in flight may
-// have taken effect unreported.
-var instanceKilled = &fault{name: "InstanceKilled", inject: func(t *testing.T, _ client, _ run, _ string, in *testkit.Instances) {
-	in.Kill(t, 0)
-}}
+// masterPaused pauses the cluster master that holds the bucket with
+// SIGSTOP, for pauseFor or until every call during the fault has started,
+// whichever is later (then at most pauseFor and faultCalls × 200ms). Calls with a shorter timeout fail, and those already
+// sent run at the resume; calls with a longer one wait. No call sent
+// during the pause can decide before the resume.
+var masterPaused = &fault{
+	name: "MasterPaused",
+	inject: func(t *testing.T, c client, r run, key string, _ *testkit.Instances) func() {
+		master := c.master(t, r.top, key)
+		master.Pause(t)
+		struck := time.Now()
+		return func() {
+			time.Sleep(time.Until(struck.Add(pauseFor)))
+			master.Resume(t)
+		}
+	},
+	during: func(c testkit.Call, m marks) error {
+		if c.Err == "" && c.End < m.healing {
+			return fmt.Errorf("instance %d, attempt %d decided %v after the pause and before the resume: the master was not paused",
+				c.Instance, c.Attempt, time.Duration(c.End-m.struck))
+		}
+		return nil
+	},
+}
+
+// instanceKilled kills instance 0 with SIGKILL while it holds, with calls
+// perhaps in flight, which may have taken effect unreported. The others
+// go on, and every call they make after the kill must decide.
+var instanceKilled = &fault{
+	name: "InstanceKilled",
+	inject: func(t *testing.T, _ client, _ run, _ string, in *testkit.Instances) func() {
+		in.Kill(t, 0)
+		return func() {}
+	},
+	during: func(c testkit.Call, _ marks) error {
+		switch {
+		case c.Instance == 0:
+			return fmt.Errorf("instance 0 started attempt %d after it was killed: the kill did not strike", c.Attempt)
+		case c.Err != "":
+			return fmt.Errorf("instance %d, attempt %d, after instance 0 was killed: %s", c.Instance, c.Attempt, c.Err)
+		}
+		return nil
+	},
+}
+
+// faultAdmissionRun is admissionRun with fault f after 500 calls; each
+// goroutine makes 4 calls during it, which time out after 200ms, so that
+// on a paused master they fail, one after another.
+func faultAdmissionRun(top topology, backend string, f *fault) run {
+	r := admissionRun(top, backend, noRefill(1000))
+	r.fault, r.faultAfter, r.faultCalls, r.faultTimeout = f, 500, 4, 200*time.Millisecond
+	return r
+}
+
+// faultLinearizabilityRun is linearizabilityRun with fault f after 100
+// calls, and one call a goroutine during it. Its calls outlast the pause: each call that fails
+// may take effect anywhere after its start, and the dozens a 200ms timeout
+// makes can keep porcupine searching for minutes. The count runs have
+// them.
+func faultLinearizabilityRun(top topology, backend string, f *fault) run {
+	r := linearizabilityRun(top, backend)
+	r.fault, r.faultAfter, r.faultCalls, r.faultTimeout = f, 100, 1, 2*time.Second
+	return r
+}
 
 // TestFaults makes the count and linearizability runs again, through each
-// Redis adapter, with a fault in the middle: a paused cluster master, and
-// a killed instance (standalone and cluster). Calls that fail or go
-// unreported may or may not have taken effect, so the count checks bound
-// the bucket's count from both sides and porcupine lets them fall
-// anywhere after their start; nothing may be admitted beyond the limit,
-// and the instances still running must go on deciding.
+// Redis adapter, with a fault between their phases: a paused cluster
+// master, and a killed instance (standalone and cluster). Calls that fail
+// or go unreported may or may not have taken effect, so the count checks
+// bound the bucket's count from both sides and porcupine lets them fall
+// anywhere after their start; nothing may be admitted beyond the limit.
+// Each run checks that the fault was in place (checkFault), and that every
+// call that started after it was over decided.
 func TestFaults(t *testing.T) {
 	skipShort(t)
 	onEachTopology(t, func(t *testing.T, top topology, c client) {
@@ -41,22 +97,34 @@ func TestFaults(t *testing.T) {
 		for _, f := range faults {
 			for _, backend := range adapters {
 				t.Run(f.name+"/"+backend, func(t *testing.T) {
-					t.Run("Admission", func(t *testing.T) {
-						r := admissionRun(top, backend, noRefill(1000))
-						r.fault, r.faultAfter, r.timeout = f, 500, 200*time.Millisecond
-						checkAdmission(t, c, r)
-					})
-					t.Run("Linearizable", func(t *testing.T) {
-						// Calls outlast the pause: each call that fails may
-						// take effect anywhere after its start, and the
-						// dozens a 200ms timeout makes can keep porcupine
-						// searching for minutes. The Admission run has them.
-						r := linearizabilityRun(top, backend)
-						r.fault, r.faultAfter, r.timeout = f, 100, 2*time.Second
-						checkLinearizable(t, c, r)
-					})
+					t.Run("Admission", func(t *testing.T) { checkAdmission(t, c, faultAdmissionRun(top, backend, f)) })
+					t.Run("Linearizable", func(t *testing.T) { checkLinearizable(t, c, faultLinearizabilityRun(top, backend, f)) })
 				})
 			}
 		}
 	})
+}
+
+// TestMissedFaultsAreCaught shows that checkFault can fail: with a fault
+// that never strikes, the killed instance goes on calling and the "paused"
+// server goes on deciding, and checkFault must say so.
+func TestMissedFaultsAreCaught(t *testing.T) {
+	skipShort(t)
+	top := standalone(t)
+	c := newClient(t, top)
+	for _, f := range []*fault{masterPaused, instanceKilled} {
+		t.Run(f.name, func(t *testing.T) {
+			r := faultAdmissionRun(top, testkit.BackendGoRedis, &fault{
+				name:   f.name,
+				inject: func(*testing.T, client, run, string, *testkit.Instances) func() { return func() {} },
+				during: f.during,
+			})
+			calls, m := execute(t, c, r, r.spec(newKey(t)), nil)
+			err := checkFault(r, calls, m)
+			if err == nil {
+				t.Fatal("checkFault passed a run whose fault never struck")
+			}
+			t.Logf("checkFault: %v", err)
+		})
+	}
 }

@@ -2,6 +2,7 @@ package distributed_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -185,23 +186,6 @@ func count(calls []testkit.Call) tally {
 	return n
 }
 
-// decidedAfter counts the calls that started after ns, and those of them
-// that failed.
-func decidedAfter(calls []testkit.Call, ns int64) (started, failed int, errs []string) {
-	for _, c := range calls {
-		if c.Start > ns {
-			started++
-			if c.Err != "" {
-				failed++
-				if len(errs) < 3 {
-					errs = append(errs, c.Err)
-				}
-			}
-		}
-	}
-	return started, failed, errs
-}
-
 func (n tally) rate() float64 {
 	return float64(n.calls) / time.Duration(n.last-n.first).Seconds()
 }
@@ -214,40 +198,106 @@ type run struct {
 	bandwidth  ratelimit.Bandwidth
 	processes  int
 	goroutines int
-	attempts   int           // in all, shared evenly
-	timeout    time.Duration // of each call; 0 means the instance's default
-	fault      *fault        // strikes mid-run, or nil
-	faultAfter int           // the calls reported before it strikes
-	refill     bool          // linearizability: check with refillModel
+	attempts   int    // in all, shared evenly
+	fault      *fault // strikes mid-run, or nil
+	// faultAfter is how many calls, shared evenly, start before the
+	// fault; faultCalls, how many each goroutine makes while it is in
+	// place, each bounded by faultTimeout (0: the instance's default, as
+	// for every other call).
+	faultAfter, faultCalls int
+	faultTimeout           time.Duration
+	refill                 bool // linearizability: check with refillModel
 }
 
-// fault strikes a run in the middle.
+// fault strikes a run between two of its phases; see execute.
 type fault struct {
 	name string
-	// inject strikes, and returns once the fault is over.
-	inject func(t *testing.T, c client, r run, key string, in *testkit.Instances)
+	// inject strikes, and returns once the fault is in place, with the
+	// function that ends it and returns once it is over.
+	inject func(t *testing.T, c client, r run, key string, in *testkit.Instances) (heal func())
+	// during returns an error if call c, which started while the fault
+	// was in place, shows that it was not.
+	during func(c testkit.Call, m marks) error
 }
 
-// execute starts r's instances on spec, releases them, injects r's fault,
-// and returns their calls and when the fault ended (ns, 0 without one).
-// before runs just before the release.
-func execute(t *testing.T, c client, r run, spec testkit.InstanceSpec, before func()) (calls []testkit.Call, faultEnd int64) {
+// marks are the times, in ns on the instances' clock, between a run's
+// phases.
+type marks struct {
+	struck  int64 // the fault was in place
+	healing int64 // every call during the fault had started; heal began
+	healed  int64 // the fault was over
+}
+
+// execute starts r's instances on spec, releases them, and returns their
+// calls. before runs just before the release.
+//
+// A run with a fault has three phases, which no call can run past: each
+// instance holds once faultAfter/processes of its calls have started,
+// until the fault is in place; then makes faultCalls calls a goroutine
+// during the fault, and holds again until the fault is over; then makes
+// the rest. The marks say when the phases changed.
+func execute(t *testing.T, c client, r run, spec testkit.InstanceSpec, before func()) ([]testkit.Call, marks) {
 	t.Helper()
 	bin, err := instanceBin()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if r.fault != nil {
+		at := r.faultAfter / r.processes
+		spec.Holds = []testkit.Hold{{At: at, Timeout: r.faultTimeout}, {At: at + r.faultCalls*r.goroutines}}
 	}
 	in := testkit.StartInstances(t, bin, r.processes, spec)
 	if before != nil {
 		before()
 	}
 	in.Go(t)
-	if r.fault != nil {
-		in.WaitCalls(t, r.faultAfter, time.Minute)
-		r.fault.inject(t, c, r, spec.Key, in)
-		faultEnd = time.Now().UnixNano()
+	if r.fault == nil {
+		return in.Wait(t), marks{}
 	}
-	return in.Wait(t), faultEnd
+	var m marks
+	in.WaitHeld(t)
+	heal := r.fault.inject(t, c, r, spec.Key, in)
+	m.struck = time.Now().UnixNano()
+	in.Go(t)
+	in.WaitHeld(t)
+	m.healing = time.Now().UnixNano()
+	heal()
+	m.healed = time.Now().UnixNano()
+	in.Go(t)
+	return in.Wait(t), m
+}
+
+// checkFault returns an error unless r's calls show its fault in place
+// from m.struck to m.healing (some started then, and none shows it was
+// not), and over from m.healed: some call started after, and every one of
+// them decided.
+func checkFault(r run, calls []testkit.Call, m marks) error {
+	var during, after, afterFailed int
+	var errs []error
+	for _, c := range calls {
+		switch {
+		case c.Start > m.healed:
+			after++
+			if c.Err != "" {
+				afterFailed++
+				if afterFailed <= 3 {
+					errs = append(errs, fmt.Errorf("instance %d, attempt %d, after the fault: %s", c.Instance, c.Attempt, c.Err))
+				}
+			}
+		case c.Start > m.struck && c.Start < m.healing:
+			during++
+			if err := r.fault.during(c, m); err != nil && len(errs) < 3 {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if during == 0 {
+		errs = append(errs, errors.New("no call started while the fault was in place"))
+	}
+	if after == 0 || afterFailed > 0 {
+		errs = append(errs, fmt.Errorf("%d calls started after the fault, %d failed; want some, none failed", after, afterFailed))
+	}
+	return errors.Join(errs...)
 }
 
 func (r run) spec(key string) testkit.InstanceSpec {
@@ -259,7 +309,6 @@ func (r run) spec(key string) testkit.InstanceSpec {
 		Config:     ratelimit.Config{Algorithm: r.algorithm, Bandwidths: []ratelimit.Bandwidth{r.bandwidth}},
 		Goroutines: r.goroutines,
 		Attempts:   r.attempts / r.processes,
-		Timeout:    r.timeout,
 	}
 }
 

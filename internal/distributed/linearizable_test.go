@@ -60,7 +60,7 @@ func linearizabilityRun(top topology, backend string) run {
 const checkTimeout = time.Minute
 
 // linearizable makes r's run with mixed ops and checks its history.
-func linearizable(t *testing.T, c client, r run, seed uint64) (porcupine.CheckResult, porcupine.LinearizationInfo, []testkit.Call, int64) {
+func linearizable(t *testing.T, c client, r run, seed uint64) (porcupine.CheckResult, porcupine.LinearizationInfo, []testkit.Call, marks) {
 	t.Helper()
 	spec := r.spec(newKey(t))
 	requests, hist := mixedRequests, history
@@ -68,13 +68,13 @@ func linearizable(t *testing.T, c client, r run, seed uint64) (porcupine.CheckRe
 		requests, hist = refillRequests, timedHistory
 	}
 	spec.Requests = requests(seed, spec.Attempts)
-	calls, faultEnd := execute(t, c, r, spec, nil)
+	calls, m := execute(t, c, r, spec, nil)
 	ops, err := hist(spec, calls)
 	if err != nil {
 		t.Fatal(err)
 	}
 	res, info := porcupine.CheckOperationsVerbose(r.model(), ops, checkTimeout)
-	return res, info, calls, faultEnd
+	return res, info, calls, m
 }
 
 // model is the sequential model r's history is checked against.
@@ -89,7 +89,7 @@ func (r run) model() porcupine.Model {
 // porcupine finds its history linearizable.
 func checkLinearizable(t *testing.T, c client, r run) {
 	t.Helper()
-	res, info, calls, faultEnd := linearizable(t, c, r, 1)
+	res, info, calls, m := linearizable(t, c, r, 1)
 	if res != porcupine.Ok {
 		t.Errorf("porcupine: %v; visualization in %s", res, visualize(r, info))
 	}
@@ -97,7 +97,7 @@ func checkLinearizable(t *testing.T, c client, r run) {
 	t.Logf("%d processes × %d goroutines, %d ops (%d allowed, %d denied, %d failed; the longest took %v): %v",
 		r.processes, r.goroutines, n.calls, n.admitted, n.denied, n.failed, n.longest.Round(time.Millisecond), res)
 	if r.fault != nil {
-		checkDecidesAfter(t, calls, faultEnd)
+		logFault(t, r, calls, m)
 	}
 }
 
