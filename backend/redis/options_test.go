@@ -85,34 +85,31 @@ func TestLowLatency(t *testing.T) {
 }
 
 // lowLatencyKinds are the clients the integration tests build.
-var lowLatencyKinds = []string{"Client", "Failover", "Cluster"}
+var lowLatencyKinds = []redistest.LowLatencyKind{
+	{Name: "Client", Topology: redistest.Standalone},
+	{Name: "Failover", Topology: redistest.Sentinel},
+	{Name: "Cluster", Topology: redistest.Cluster},
+}
 
-// lowLatencyBackend returns a backend on a new client of kind, set up with
-// the matching helper, and the servers that hold its buckets, to pause.
-// The client is closed by t.Cleanup, before the servers are killed.
-func lowLatencyBackend(t *testing.T, kind string) (ratelimit.Backend, []*testkit.Redis) {
+// lowLatencyBackend returns a backend on a new client of kind, connected
+// to s and set up with the matching helper. The client is closed by
+// t.Cleanup, before the servers are killed.
+func lowLatencyBackend(t *testing.T, kind string, s redistest.Servers) ratelimit.Backend {
 	t.Helper()
-	var (
-		c       redis.UniversalClient
-		servers []*testkit.Redis
-	)
+	var c redis.UniversalClient
 	switch kind {
 	case "Client":
-		r := testkit.StartRedis(t, redistest.DebugCommand...)
-		o := &redis.Options{Addr: r.Addr()}
+		o := &redis.Options{Addr: s.Addrs[0]}
 		redisbackend.LowLatency(o)
-		c, servers = redis.NewClient(o), []*testkit.Redis{r}
+		c = redis.NewClient(o)
 	case "Failover":
-		r := testkit.StartRedis(t, redistest.DebugCommand...)
-		s := testkit.StartSentinel(t, r)
-		o := &redis.FailoverOptions{MasterName: testkit.SentinelMaster, SentinelAddrs: []string{s.Addr()}}
+		o := &redis.FailoverOptions{MasterName: testkit.SentinelMaster, SentinelAddrs: s.Addrs}
 		redisbackend.LowLatencyFailover(o)
-		c, servers = redis.NewFailoverClient(o), []*testkit.Redis{r}
+		c = redis.NewFailoverClient(o)
 	case "Cluster":
-		cl := testkit.StartCluster(t, redistest.DebugCommand...)
-		o := &redis.ClusterOptions{Addrs: cl.Addrs()}
+		o := &redis.ClusterOptions{Addrs: s.Addrs}
 		redisbackend.LowLatencyCluster(o)
-		c, servers = redis.NewClusterClient(o), cl.Nodes()
+		c = redis.NewClusterClient(o)
 	default:
 		t.Fatalf("unknown client kind %q", kind)
 	}
@@ -121,28 +118,26 @@ func lowLatencyBackend(t *testing.T, kind string) (ratelimit.Backend, []*testkit
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b, servers
+	return b
 }
 
-// stallBound is how long a call on a stalled or dead server may take in
-// these tests: far above the 5ms deadline and the 50ms timeouts, to allow
-// for a loaded machine and the race detector, and far below go-redis's
-// 5s defaults, so it still shows that no call waits seconds.
-const stallBound = 500 * time.Millisecond
+// stallBound is how long a call on a paused or dead server may take in
+// these tests: 40 times the 50ms timeouts, for a loaded machine and the
+// race detector, and still well below go-redis's 5s defaults, so it shows
+// that no call waits for them.
+const stallBound = 2 * time.Second
 
 // TestLowLatencyIntegration runs [redistest.LowLatency] on each client
 // kind. A call on a paused server returns ErrTimeout at about its 5ms
 // deadline, or, without one, after about the 50ms read timeout, not
-// go-redis's 5s. A call on a server stalled for 100ms gives up after its
-// read timeout and is not sent again, so the bucket is charged once. (A
-// client that retries, standalone with MaxRetries 3 or cluster with
-// MaxRedirects 3, gets its retry through once the server wakes: the call
-// succeeds and is charged twice.)
+// go-redis's 5s; it is not sent again, so once the server resumes and runs
+// what queued up, the bucket is charged once. (A client that retries,
+// standalone with MaxRetries 3 or cluster with MaxRedirects 3, queues its
+// retries on the paused server too, and is charged for each.)
 func TestLowLatencyIntegration(t *testing.T) {
 	t.Parallel()
 	redistest.LowLatency(t, redistest.LowLatencyAdapter{
 		Kinds:        lowLatencyKinds,
-		Standalone:   "Client",
 		Backend:      lowLatencyBackend,
 		StallBound:   stallBound,
 		WantDeadline: "about the 5ms deadline",

@@ -1,11 +1,9 @@
 package redistest
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"fmt"
-	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,25 +11,48 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// DebugCommand are the server arguments that let clients on 127.0.0.1
-// send DEBUG, for DEBUG SLEEP: [LowLatencyAdapter.Backend] starts its
-// servers with them.
-var DebugCommand = []string{"--enable-debug-command", "local"}
+// Topology is what a client kind connects to.
+type Topology uint8
+
+const (
+	// Standalone is one server; [Servers].Addrs is its address.
+	Standalone Topology = iota
+	// Sentinel is one server and a Sentinel that monitors it as
+	// [testkit.SentinelMaster]; [Servers].Addrs is the Sentinel's address.
+	Sentinel
+	// Cluster is a 3-master cluster from [testkit.StartCluster];
+	// [Servers].Addrs are its nodes' addresses.
+	Cluster
+)
+
+// LowLatencyKind is one client kind that [LowLatency] tests.
+type LowLatencyKind struct {
+	// Name names the kind's subtests, such as "Client" or "Cluster".
+	Name string
+	// Topology is what the kind's client connects to.
+	Topology Topology
+}
+
+// Servers are what [LowLatency] starts for a client kind to connect to.
+type Servers struct {
+	// Addrs are the addresses to give the client; see [Topology]. They
+	// may be those of proxies in front of the servers.
+	Addrs []string
+
+	nodes   []*testkit.Redis // hold the buckets: to pause and kill
+	proxies []*testkit.Proxy // in front of nodes, to stall; or none
+}
 
 // LowLatencyAdapter is what [LowLatency] needs to know about one client
 // library and its LowLatency helpers.
 type LowLatencyAdapter struct {
-	// Kinds are the clients the tests build, such as "Client" or
-	// "Cluster"; each names a subtest.
-	Kinds []string
-	// Standalone is the kind, one of Kinds, whose client talks to one
-	// server, which the Killed group kills and restarts.
-	Standalone string
+	// Kinds are the clients the tests build; the first of Topology
+	// Standalone is the one the Killed group kills the server of.
+	Kinds []LowLatencyKind
 	// Backend returns a backend on a new client of kind, set up with the
-	// library's LowLatency helper, and the servers that hold its buckets,
-	// started with [DebugCommand], to pause, stall and kill. The client
-	// must be closed by t.Cleanup, so before the servers are killed.
-	Backend func(t *testing.T, kind string) (ratelimit.Backend, []*testkit.Redis)
+	// library's LowLatency helper, connected to s. The client must be
+	// closed by t.Cleanup, so before the servers are killed.
+	Backend func(t *testing.T, kind string, s Servers) ratelimit.Backend
 	// StallBound is how long a call on a stalled or dead server may take.
 	StallBound time.Duration
 	// WantDeadline says, for failure messages, how soon a decision with a
@@ -39,23 +60,21 @@ type LowLatencyAdapter struct {
 	// such as "about the 5ms deadline".
 	WantDeadline string
 	// WantBackstop says, for failure messages, how soon a call without a
-	// deadline on a paused server should return within StallBound, such
-	// as "about the 50ms read timeout".
+	// deadline on a paused or stalled server should return within
+	// StallBound, such as "about the 50ms read timeout".
 	WantBackstop string
-	// StalledMaySucceed is whether a call without a deadline on a server
-	// stalled for 100ms may succeed once the server wakes, rather than
-	// return ErrTimeout. Either way it must have been sent once.
-	StalledMaySucceed bool
 }
 
 // LowLatency tests a client set up with a library's LowLatency helpers on
 // servers that stall and die: calls return within a.StallBound, with or
 // without a deadline, are never sent twice, and succeed again once the
 // server is back. It runs four groups as parallel subtests: Deadline,
-// Backstop and NoRetry for each of a.Kinds, and Killed for a.Standalone.
+// Backstop and NoRetry for each of a.Kinds, and Killed for the first
+// standalone kind.
 func LowLatency(t *testing.T, a LowLatencyAdapter) {
-	if a.Backend == nil || len(a.Kinds) == 0 || a.Standalone == "" || a.StallBound <= 0 || a.WantDeadline == "" || a.WantBackstop == "" {
-		t.Fatal("redistest: LowLatencyAdapter.Backend, Kinds, Standalone, StallBound, WantDeadline or WantBackstop is unset")
+	i := slices.IndexFunc(a.Kinds, func(k LowLatencyKind) bool { return k.Topology == Standalone })
+	if a.Backend == nil || i < 0 || a.StallBound <= 0 || a.WantDeadline == "" || a.WantBackstop == "" {
+		t.Fatal("redistest: LowLatencyAdapter.Backend, StallBound, WantDeadline or WantBackstop is unset, or no kind is Standalone")
 	}
 	t.Run("Deadline", func(t *testing.T) {
 		t.Parallel()
@@ -71,8 +90,40 @@ func LowLatency(t *testing.T, a LowLatencyAdapter) {
 	})
 	t.Run("Killed", func(t *testing.T) {
 		t.Parallel()
-		testKilled(t, a)
+		testKilled(t, a, a.Kinds[i])
 	})
+}
+
+// startServers starts the servers of top, with proxies in front of those
+// that hold buckets if proxied.
+func startServers(t *testing.T, top Topology, proxied bool) Servers {
+	t.Helper()
+	var s Servers
+	if top == Cluster && !proxied {
+		c := testkit.StartCluster(t)
+		s.nodes, s.Addrs = c.Nodes(), c.Addrs()
+		return s
+	}
+	if top == Cluster {
+		c, proxies := testkit.StartProxiedCluster(t)
+		s.nodes, s.proxies = c.Nodes(), proxies
+		for _, p := range proxies {
+			s.Addrs = append(s.Addrs, p.Addr())
+		}
+		return s
+	}
+	r := testkit.StartRedis(t)
+	addr := r.Addr()
+	s.nodes = []*testkit.Redis{r}
+	if proxied {
+		p := testkit.StartProxy(t, addr)
+		addr, s.proxies = p.Addr(), []*testkit.Proxy{p}
+	}
+	if top == Sentinel {
+		addr = testkit.StartSentinel(t, addr).Addr()
+	}
+	s.Addrs = []string{addr}
+	return s
 }
 
 // lowCfg is a bucket of 10 that refills one token in 6 minutes: during a
@@ -83,19 +134,21 @@ var lowCfg = ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHou
 var takeOne = ratelimit.Request{Tokens: 1}
 
 // testPaused: on a paused server a call with the given timeout (0: none),
-// described by call, returns ErrTimeout within a.StallBound, as want says,
-// and once the server resumes the next call succeeds, on a new connection
-// if the old one was closed.
+// described by call, returns ErrTimeout within a.StallBound, as want says.
+// Once the server resumes, it runs the call, which queued up, and the
+// next call succeeds, on a new connection if the old one was closed. The
+// server is paused before the call is sent, and stays paused until the
+// call has returned, so the call cannot race the server.
 func testPaused(t *testing.T, a LowLatencyAdapter, timeout time.Duration, call, want string) {
 	for _, kind := range a.Kinds {
-		t.Run(kind, func(t *testing.T) {
+		t.Run(kind.Name, func(t *testing.T) {
 			t.Parallel()
-			b, servers := connected(t, a, kind)
-			pause(t, servers)
+			b, s := connected(t, a, kind, false)
+			pause(t, s.nodes)
 			ctx, cancel := withTimeout(context.Background(), timeout)
 			_, elapsed, err := timed(ctx, b, "k")
 			cancel()
-			resume(t, servers)
+			resume(t, s.nodes)
 			t.Logf("%s on a paused server returned after %v: %v", call, elapsed, err)
 			if !errors.Is(err, ratelimit.ErrTimeout) {
 				t.Errorf("Do on a paused server: %v; want ErrTimeout", err)
@@ -110,28 +163,33 @@ func testPaused(t *testing.T, a LowLatencyAdapter, timeout time.Duration, call, 
 	}
 }
 
-// testNoRetry: a server that stalls for 100ms (DEBUG SLEEP) runs a
-// decision sent meanwhile once it wakes. The call gives up after the
-// client's timeout (or, if a.StalledMaySucceed, may wait the stall out)
-// and is not sent again, so the bucket is charged once.
+// testNoRetry: when scripts stall (a proxy passes the call to the server,
+// which runs it, but holds its reply back), a call without a deadline
+// gives up with ErrTimeout within a.StallBound, and is not sent again, so
+// the bucket is charged once. A connection made during the stall gets
+// through its handshake and stalls only at its first script, so a client
+// that retried, on the old connection or a new one, would be charged
+// again: no timing decides the outcome.
 func testNoRetry(t *testing.T, a LowLatencyAdapter) {
 	for _, kind := range a.Kinds {
-		t.Run(kind, func(t *testing.T) {
+		t.Run(kind.Name, func(t *testing.T) {
 			t.Parallel()
-			b, servers := connected(t, a, kind)
-			ctx := context.Background()
-			wake := stall(t, servers, 100*time.Millisecond)
-			_, elapsed, err := timed(ctx, b, "k")
-			wake()
-			t.Logf("a call without a deadline on a stalled server returned after %v: %v", elapsed, err)
-			if a.StalledMaySucceed {
-				if err != nil && !errors.Is(err, ratelimit.ErrTimeout) {
-					t.Fatalf("Do on a stalled server: %v; want success or ErrTimeout", err)
-				}
-			} else if !errors.Is(err, ratelimit.ErrTimeout) {
-				t.Fatalf("Do on a stalled server: %v; want ErrTimeout", err)
+			b, s := connected(t, a, kind, true)
+			for _, p := range s.proxies {
+				p.StallAfter("EVAL", "FCALL")
 			}
-			d, err := retake(ctx, b)
+			_, elapsed, err := timed(context.Background(), b, "k")
+			for _, p := range s.proxies {
+				p.Release()
+			}
+			t.Logf("a call without a deadline, its script's reply held back, returned after %v: %v", elapsed, err)
+			if !errors.Is(err, ratelimit.ErrTimeout) {
+				t.Errorf("Do with its script's reply held back: %v; want ErrTimeout", err)
+			}
+			if elapsed > a.StallBound {
+				t.Errorf("Do with its script's reply held back returned after %v; want %s", elapsed, a.WantBackstop)
+			}
+			d, err := retake(context.Background(), b)
 			if err != nil {
 				t.Fatalf("Do after the stall: %v", err)
 			}
@@ -139,8 +197,8 @@ func testNoRetry(t *testing.T, a LowLatencyAdapter) {
 			// timed-out one.
 			runs := 10 - 2 - d.Remaining
 			t.Logf("the timed-out call ran %d times", runs)
-			if runs > 1 {
-				t.Errorf("the timed-out call ran %d times; want at most once (Remaining %d after the last call)", runs, d.Remaining)
+			if runs != 1 {
+				t.Errorf("the timed-out call ran %d times; want once (Remaining %d after the last call)", runs, d.Remaining)
 			}
 		})
 	}
@@ -149,9 +207,9 @@ func testNoRetry(t *testing.T, a LowLatencyAdapter) {
 // testKilled: while the server is down a call fails at once, with or
 // without a deadline, and once it is back on the same port the next call
 // succeeds.
-func testKilled(t *testing.T, a LowLatencyAdapter) {
-	b, servers := connected(t, a, a.Standalone)
-	r := servers[0]
+func testKilled(t *testing.T, a LowLatencyAdapter, kind LowLatencyKind) {
+	b, s := connected(t, a, kind, false)
+	r := s.nodes[0]
 	ctx := context.Background()
 	r.Kill(t)
 	// A few calls only: after PoolSize failed dials go-redis redials from
@@ -177,15 +235,16 @@ func testKilled(t *testing.T, a LowLatencyAdapter) {
 	}
 }
 
-// connected returns a.Backend(t, kind) once a first call on it has taken a
-// token at "k".
-func connected(t *testing.T, a LowLatencyAdapter, kind string) (ratelimit.Backend, []*testkit.Redis) {
+// connected returns a backend of kind on new servers (through proxies if
+// proxied) once a first call on it has taken a token at "k".
+func connected(t *testing.T, a LowLatencyAdapter, kind LowLatencyKind, proxied bool) (ratelimit.Backend, Servers) {
 	t.Helper()
-	b, servers := a.Backend(t, kind)
+	s := startServers(t, kind.Topology, proxied)
+	b := a.Backend(t, kind.Name, s)
 	if _, err := b.Do(context.Background(), "k", lowCfg, takeOne); err != nil {
 		t.Fatal(err)
 	}
-	return b, servers
+	return b, s
 }
 
 // withTimeout is [context.WithTimeout], or ctx itself when timeout is 0.
@@ -203,10 +262,12 @@ func timed(ctx context.Context, b ratelimit.Backend, key string) (ratelimit.Deci
 	return d, time.Since(start), err
 }
 
-// retake takes a token at "k", retrying for up to 2s until a call
-// succeeds, and returns the last result.
+// retake takes a token at "k", retrying for up to 10s until a call
+// succeeds, and returns the last result. The server answers by then, but
+// the client may first have to notice that a connection broke, and make
+// another.
 func retake(ctx context.Context, b ratelimit.Backend) (ratelimit.Decision, error) {
-	return within(2*time.Second, func() (ratelimit.Decision, error) { return b.Do(ctx, "k", lowCfg, takeOne) })
+	return within(10*time.Second, func() (ratelimit.Decision, error) { return b.Do(ctx, "k", lowCfg, takeOne) })
 }
 
 // within retries f until it succeeds or d has passed, and returns its
@@ -222,40 +283,7 @@ func within(d time.Duration, f func() (ratelimit.Decision, error)) (ratelimit.De
 	}
 }
 
-// stall makes each server sleep for d with DEBUG SLEEP, sent on a
-// connection of its own, and returns once they all sleep; the function it
-// returns waits until they have woken.
-func stall(t *testing.T, servers []*testkit.Redis, d time.Duration) (wake func()) {
-	t.Helper()
-	var conns []net.Conn
-	for _, r := range servers {
-		c, err := net.Dial("tcp", r.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if _, err := fmt.Fprintf(c, "DEBUG SLEEP %g\r\n", d.Seconds()); err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	// An idle server takes the command within a millisecond.
-	time.Sleep(20 * time.Millisecond)
-	return func() {
-		t.Helper()
-		for _, c := range conns {
-			if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
-				t.Fatal(err)
-			}
-			reply, err := bufio.NewReader(c).ReadString('\n')
-			if err != nil || reply != "+OK\r\n" {
-				t.Fatalf("DEBUG SLEEP: %q, %v", reply, err)
-			}
-		}
-	}
-}
-
-// pause stops each server with SIGSTOP.
+// pause stops each server with SIGSTOP, and returns once each is stopped.
 func pause(t *testing.T, servers []*testkit.Redis) {
 	t.Helper()
 	for _, r := range servers {
@@ -263,7 +291,8 @@ func pause(t *testing.T, servers []*testkit.Redis) {
 	}
 }
 
-// resume continues each server paused by pause.
+// resume continues each server paused by pause, and returns once each
+// answers.
 func resume(t *testing.T, servers []*testkit.Redis) {
 	t.Helper()
 	for _, r := range servers {
