@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -130,35 +131,37 @@ func TestConformance(t *testing.T) {
 // TestDeadline: the store's context carries the policy's deadline, or the
 // caller's when that is earlier.
 func TestDeadline(t *testing.T) {
-	s := newStore(t, nil)
-	p := newPolicy(t, s, failpolicy.Closed, failpolicy.WithTimeout(50*time.Millisecond))
-	// check makes a call and wants the store's deadline to be want(start,
-	// end), of the call's start and end, or between the two.
-	check := func(ctx context.Context, want func(start, end time.Time) (time.Time, time.Time)) {
-		t.Helper()
-		start := time.Now()
-		if _, err := p.Do(ctx, "k", perMinute, consume); err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		s := newStore(t, nil)
+		p := newPolicy(t, s, failpolicy.Closed, failpolicy.WithTimeout(50*time.Millisecond))
+		// check makes a call and wants the store's deadline to be want(start,
+		// end), of the call's start and end, or between the two.
+		check := func(ctx context.Context, want func(start, end time.Time) (time.Time, time.Time)) {
+			t.Helper()
+			start := time.Now()
+			if _, err := p.Do(ctx, "k", perMinute, consume); err != nil {
+				t.Fatal(err)
+			}
+			lo, hi := want(start, time.Now())
+			s.mu.Lock()
+			got := s.deadline
+			s.mu.Unlock()
+			if got.Before(lo) || got.After(hi) {
+				t.Errorf("the store's deadline was %v after the call's start; want %v to %v", got.Sub(start), lo.Sub(start), hi.Sub(start))
+			}
 		}
-		lo, hi := want(start, time.Now())
-		s.mu.Lock()
-		got := s.deadline
-		s.mu.Unlock()
-		if got.Before(lo) || got.After(hi) {
-			t.Errorf("the store's deadline was %v after the call's start; want %v to %v", got.Sub(start), lo.Sub(start), hi.Sub(start))
+		policy := func(start, end time.Time) (time.Time, time.Time) {
+			return start.Add(50 * time.Millisecond), end.Add(50 * time.Millisecond)
 		}
-	}
-	policy := func(start, end time.Time) (time.Time, time.Time) {
-		return start.Add(50 * time.Millisecond), end.Add(50 * time.Millisecond)
-	}
-	check(context.Background(), policy)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	caller, _ := ctx.Deadline()
-	check(ctx, func(_, _ time.Time) (time.Time, time.Time) { return caller, caller })
-	ctx, cancel = context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
-	check(ctx, policy)
+		check(context.Background(), policy)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		caller, _ := ctx.Deadline()
+		check(ctx, func(_, _ time.Time) (time.Time, time.Time) { return caller, caller })
+		ctx, cancel = context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		check(ctx, policy)
+	})
 }
 
 // TestModes: what each mode decides while the store fails.
@@ -169,44 +172,50 @@ func TestModes(t *testing.T) {
 	}{{"Unavailable", errDown}, {"Timeout", errTimeout}} {
 		err := tc.err
 		t.Run(tc.name+"/Open", func(t *testing.T) {
-			s := newStore(t, nil)
-			s.fail(err)
-			p := newPolicy(t, s, failpolicy.Open)
-			want := ratelimit.Decision{Allowed: true, Degraded: true, Limit: 10, Consumed: 1}
-			if d := do(t, p, consume); d != want {
-				t.Errorf("Consume: %+v; want %+v", d, want)
-			}
-			want.Consumed = 0
-			if d := do(t, p, ratelimit.Request{Op: ratelimit.Estimate, Tokens: 3}); d != want {
-				t.Errorf("Estimate: %+v; want %+v", d, want)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				s := newStore(t, nil)
+				s.fail(err)
+				p := newPolicy(t, s, failpolicy.Open)
+				want := ratelimit.Decision{Allowed: true, Degraded: true, Limit: 10, Consumed: 1}
+				if d := do(t, p, consume); d != want {
+					t.Errorf("Consume: %+v; want %+v", d, want)
+				}
+				want.Consumed = 0
+				if d := do(t, p, ratelimit.Request{Op: ratelimit.Estimate, Tokens: 3}); d != want {
+					t.Errorf("Estimate: %+v; want %+v", d, want)
+				}
+			})
 		})
 		t.Run(tc.name+"/Closed", func(t *testing.T) {
-			s := newStore(t, nil)
-			s.fail(err)
-			p := newPolicy(t, s, failpolicy.Closed, failpolicy.WithRetryAfter(2*time.Second))
-			want := ratelimit.Decision{Degraded: true, Limit: 10, RetryAfter: 2 * time.Second}
-			if d := do(t, p, consume); d != want {
-				t.Errorf("Consume: %+v; want %+v", d, want)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				s := newStore(t, nil)
+				s.fail(err)
+				p := newPolicy(t, s, failpolicy.Closed, failpolicy.WithRetryAfter(2*time.Second))
+				want := ratelimit.Decision{Degraded: true, Limit: 10, RetryAfter: 2 * time.Second}
+				if d := do(t, p, consume); d != want {
+					t.Errorf("Consume: %+v; want %+v", d, want)
+				}
+			})
 		})
 		t.Run(tc.name+"/Local", func(t *testing.T) {
-			s := newStore(t, nil)
-			s.fail(err)
-			p := newPolicy(t, s, failpolicy.Local, failpolicy.WithInstances(3))
-			admitted := 0
-			for range 20 {
-				d := do(t, p, consume)
-				if !d.Degraded || d.Limit != 3 {
-					t.Fatalf("%+v: want Degraded, Limit 3 (10 / 3 instances)", d)
+			synctest.Test(t, func(t *testing.T) {
+				s := newStore(t, nil)
+				s.fail(err)
+				p := newPolicy(t, s, failpolicy.Local, failpolicy.WithInstances(3))
+				admitted := 0
+				for range 20 {
+					d := do(t, p, consume)
+					if !d.Degraded || d.Limit != 3 {
+						t.Fatalf("%+v: want Degraded, Limit 3 (10 / 3 instances)", d)
+					}
+					if d.Allowed {
+						admitted++
+					}
 				}
-				if d.Allowed {
-					admitted++
+				if admitted != 3 {
+					t.Errorf("admitted %d of 20; want the share, 3", admitted)
 				}
-			}
-			if admitted != 3 {
-				t.Errorf("admitted %d of 20; want the share, 3", admitted)
-			}
+			})
 		})
 	}
 }
@@ -217,48 +226,50 @@ func TestModes(t *testing.T) {
 func TestPassedBack(t *testing.T) {
 	for _, mode := range []failpolicy.Mode{failpolicy.Open, failpolicy.Closed, failpolicy.Local} {
 		t.Run(mode.String(), func(t *testing.T) {
-			s := newStore(t, nil)
-			p := newPolicy(t, s, mode, failpolicy.WithBreaker(1, time.Hour))
-			check := func(state string) {
-				t.Helper()
-				if _, err := p.Do(context.Background(), "", perMinute, consume); !errors.Is(err, ratelimit.ErrInvalidKey) {
-					t.Errorf("%s: empty key: %v; want ErrInvalidKey", state, err)
+			synctest.Test(t, func(t *testing.T) {
+				s := newStore(t, nil)
+				p := newPolicy(t, s, mode, failpolicy.WithBreaker(1, time.Hour))
+				check := func(state string) {
+					t.Helper()
+					if _, err := p.Do(context.Background(), "", perMinute, consume); !errors.Is(err, ratelimit.ErrInvalidKey) {
+						t.Errorf("%s: empty key: %v; want ErrInvalidKey", state, err)
+					}
+					if _, err := p.Do(context.Background(), "k", ratelimit.Config{}, consume); !errors.Is(err, ratelimit.ErrInvalidConfig) {
+						t.Errorf("%s: no bandwidths: %v; want ErrInvalidConfig", state, err)
+					}
+					if _, err := p.Do(context.Background(), "k", perMinute, ratelimit.Request{Tokens: 11}); !errors.Is(err, ratelimit.ErrInvalidRequest) {
+						t.Errorf("%s: 11 tokens of 10: %v; want ErrInvalidRequest", state, err)
+					}
 				}
-				if _, err := p.Do(context.Background(), "k", ratelimit.Config{}, consume); !errors.Is(err, ratelimit.ErrInvalidConfig) {
-					t.Errorf("%s: no bandwidths: %v; want ErrInvalidConfig", state, err)
+				check("healthy")
+				if p.Breaker() != failpolicy.BreakerClosed {
+					t.Fatalf("bad input moved the breaker to %v", p.Breaker())
 				}
-				if _, err := p.Do(context.Background(), "k", perMinute, ratelimit.Request{Tokens: 11}); !errors.Is(err, ratelimit.ErrInvalidRequest) {
-					t.Errorf("%s: 11 tokens of 10: %v; want ErrInvalidRequest", state, err)
-				}
-			}
-			check("healthy")
-			if p.Breaker() != failpolicy.BreakerClosed {
-				t.Fatalf("bad input moved the breaker to %v", p.Breaker())
-			}
 
-			s.fail(context.Canceled)
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			if _, err := p.Do(ctx, "k", perMinute, consume); !errors.Is(err, context.Canceled) {
-				t.Errorf("cancelled by the caller: %v; want context.Canceled", err)
-			}
-			if p.Breaker() != failpolicy.BreakerClosed {
-				t.Fatalf("a cancelled call moved the breaker to %v", p.Breaker())
-			}
-
-			s.fail(errDown)
-			for _, op := range []ratelimit.Op{ratelimit.Add, ratelimit.Reset, ratelimit.Replace} {
-				if _, err := p.Do(context.Background(), "k", perMinute, ratelimit.Request{Op: op, Tokens: 1}); !errors.Is(err, ratelimit.ErrBackendUnavailable) {
-					t.Errorf("%v with the store down: %v; want ErrBackendUnavailable", op, err)
+				s.fail(context.Canceled)
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				if _, err := p.Do(ctx, "k", perMinute, consume); !errors.Is(err, context.Canceled) {
+					t.Errorf("cancelled by the caller: %v; want context.Canceled", err)
 				}
-			}
-			if p.Breaker() != failpolicy.BreakerOpen {
-				t.Fatalf("after a failure with WithBreaker(1, …): %v; want BreakerOpen", p.Breaker())
-			}
-			check("breaker open")
-			if _, err := p.Do(context.Background(), "k", perMinute, ratelimit.Request{Op: ratelimit.Reset}); !errors.Is(err, ratelimit.ErrBackendUnavailable) || !errors.Is(err, failpolicy.ErrBreakerOpen) {
-				t.Errorf("Reset with the breaker open: %v; want ErrBackendUnavailable and ErrBreakerOpen", err)
-			}
+				if p.Breaker() != failpolicy.BreakerClosed {
+					t.Fatalf("a cancelled call moved the breaker to %v", p.Breaker())
+				}
+
+				s.fail(errDown)
+				for _, op := range []ratelimit.Op{ratelimit.Add, ratelimit.Reset, ratelimit.Replace} {
+					if _, err := p.Do(context.Background(), "k", perMinute, ratelimit.Request{Op: op, Tokens: 1}); !errors.Is(err, ratelimit.ErrBackendUnavailable) {
+						t.Errorf("%v with the store down: %v; want ErrBackendUnavailable", op, err)
+					}
+				}
+				if p.Breaker() != failpolicy.BreakerOpen {
+					t.Fatalf("after a failure with WithBreaker(1, …): %v; want BreakerOpen", p.Breaker())
+				}
+				check("breaker open")
+				if _, err := p.Do(context.Background(), "k", perMinute, ratelimit.Request{Op: ratelimit.Reset}); !errors.Is(err, ratelimit.ErrBackendUnavailable) || !errors.Is(err, failpolicy.ErrBreakerOpen) {
+					t.Errorf("Reset with the breaker open: %v; want ErrBackendUnavailable and ErrBreakerOpen", err)
+				}
+			})
 		})
 	}
 }
@@ -289,61 +300,63 @@ func (h *hookLog) hooks() failpolicy.Hooks {
 // no call reaches the store; after it, one probe does; a failed probe
 // opens it again, an answered one closes it.
 func TestBreaker(t *testing.T) {
-	clock := ratelimittest.NewClock(time.Unix(1e9, 0))
-	s := newStore(t, clock)
-	var log hookLog
-	p := newPolicy(t, s, failpolicy.Closed, failpolicy.WithBreaker(3, time.Second), failpolicy.WithClock(clock), failpolicy.WithHooks(log.hooks()))
-	expect := func(state failpolicy.BreakerState, calls int64, degraded bool) {
-		t.Helper()
-		before := s.calls.Load()
-		d := do(t, p, consume)
-		if got := s.calls.Load() - before; got != calls || d.Degraded != degraded || p.Breaker() != state {
-			t.Fatalf("%d calls reached the store, Degraded %v, breaker %v; want %d, %v, %v", got, d.Degraded, p.Breaker(), calls, degraded, state)
+	synctest.Test(t, func(t *testing.T) {
+		clock := ratelimittest.NewClock(time.Unix(1e9, 0))
+		s := newStore(t, clock)
+		var log hookLog
+		p := newPolicy(t, s, failpolicy.Closed, failpolicy.WithBreaker(3, time.Second), failpolicy.WithClock(clock), failpolicy.WithHooks(log.hooks()))
+		expect := func(state failpolicy.BreakerState, calls int64, degraded bool) {
+			t.Helper()
+			before := s.calls.Load()
+			d := do(t, p, consume)
+			if got := s.calls.Load() - before; got != calls || d.Degraded != degraded || p.Breaker() != state {
+				t.Fatalf("%d calls reached the store, Degraded %v, breaker %v; want %d, %v, %v", got, d.Degraded, p.Breaker(), calls, degraded, state)
+			}
 		}
-	}
-	s.fail(errTimeout)
-	expect(failpolicy.BreakerClosed, 1, true)
-	expect(failpolicy.BreakerClosed, 1, true)
-	expect(failpolicy.BreakerOpen, 1, true) // the third failure opens it
-	expect(failpolicy.BreakerOpen, 0, true)
-	s.heal()
-	clock.Advance(999 * time.Millisecond)
-	expect(failpolicy.BreakerOpen, 0, true) // the cool-down is not over
-	s.fail(errDown)
-	clock.Advance(time.Millisecond)
-	expect(failpolicy.BreakerOpen, 1, true) // the probe fails: open again
-	clock.Advance(time.Second)
-	s.heal()
-	expect(failpolicy.BreakerClosed, 1, false) // the probe is answered
-	expect(failpolicy.BreakerClosed, 1, false)
+		s.fail(errTimeout)
+		expect(failpolicy.BreakerClosed, 1, true)
+		expect(failpolicy.BreakerClosed, 1, true)
+		expect(failpolicy.BreakerOpen, 1, true) // the third failure opens it
+		expect(failpolicy.BreakerOpen, 0, true)
+		s.heal()
+		clock.Advance(999 * time.Millisecond)
+		expect(failpolicy.BreakerOpen, 0, true) // the cool-down is not over
+		s.fail(errDown)
+		clock.Advance(time.Millisecond)
+		expect(failpolicy.BreakerOpen, 1, true) // the probe fails: open again
+		clock.Advance(time.Second)
+		s.heal()
+		expect(failpolicy.BreakerClosed, 1, false) // the probe is answered
+		expect(failpolicy.BreakerClosed, 1, false)
 
-	// A success resets the count: 2 failures, a success, 2 failures keep
-	// it closed.
-	for _, fail := range []bool{true, true, false, true, true} {
-		if fail {
-			s.fail(errDown)
-		} else {
-			s.heal()
+		// A success resets the count: 2 failures, a success, 2 failures keep
+		// it closed.
+		for _, fail := range []bool{true, true, false, true, true} {
+			if fail {
+				s.fail(errDown)
+			} else {
+				s.heal()
+			}
+			expect(failpolicy.BreakerClosed, 1, fail)
 		}
-		expect(failpolicy.BreakerClosed, 1, fail)
-	}
 
-	want := []string{
-		"BreakerClosed>BreakerOpen", "BreakerOpen>BreakerHalfOpen", "BreakerHalfOpen>BreakerOpen",
-		"BreakerOpen>BreakerHalfOpen", "BreakerHalfOpen>BreakerClosed",
-	}
-	if fmt.Sprint(log.changes) != fmt.Sprint(want) {
-		t.Errorf("BreakerChanged: %v; want %v", log.changes, want)
-	}
-	var open int
-	for _, cause := range log.degraded {
-		if errors.Is(cause, failpolicy.ErrBreakerOpen) {
-			open++
+		want := []string{
+			"BreakerClosed>BreakerOpen", "BreakerOpen>BreakerHalfOpen", "BreakerHalfOpen>BreakerOpen",
+			"BreakerOpen>BreakerHalfOpen", "BreakerHalfOpen>BreakerClosed",
 		}
-	}
-	if len(log.degraded) != 10 || open != 2 {
-		t.Errorf("Degraded called %d times, %d with ErrBreakerOpen; want 10 and 2", len(log.degraded), open)
-	}
+		if fmt.Sprint(log.changes) != fmt.Sprint(want) {
+			t.Errorf("BreakerChanged: %v; want %v", log.changes, want)
+		}
+		var open int
+		for _, cause := range log.degraded {
+			if errors.Is(cause, failpolicy.ErrBreakerOpen) {
+				open++
+			}
+		}
+		if len(log.degraded) != 10 || open != 2 {
+			t.Errorf("Degraded called %d times, %d with ErrBreakerOpen; want 10 and 2", len(log.degraded), open)
+		}
+	})
 }
 
 // slowStore answers from memory after delay, or fails when its context
@@ -367,80 +380,88 @@ func (s *slowStore) Do(ctx context.Context, key string, cfg ratelimit.Config, re
 // though its caller waits only the deadline; while it is out, no other
 // call reaches the store; it opens the breaker again if it fails within
 // the cool-down, and closes it if it answers, even after its caller has
-// had a degraded decision.
+// had a degraded decision. It runs on synctest's clock, which moves only
+// when every goroutine waits, so each step happens at its exact time.
 func TestProbe(t *testing.T) {
-	clock := ratelimittest.NewClock(time.Unix(1e9, 0))
-	var log hookLog
-	s := &slowStore{store: newStore(t, clock)}
-	const coolDown = 200 * time.Millisecond
-	p := newPolicy(t, s, failpolicy.Open, failpolicy.WithBreaker(1, coolDown), failpolicy.WithClock(clock),
-		failpolicy.WithTimeout(10*time.Millisecond), failpolicy.WithHooks(log.hooks()))
-	waitFor := func(state failpolicy.BreakerState) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); p.Breaker() != state; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("breaker %v; want %v", p.Breaker(), state)
+	synctest.Test(t, func(t *testing.T) {
+		var log hookLog
+		s := &slowStore{store: newStore(t, nil)}
+		const coolDown, timeout = 200 * time.Millisecond, 10 * time.Millisecond
+		p := newPolicy(t, s, failpolicy.Open, failpolicy.WithBreaker(1, coolDown),
+			failpolicy.WithTimeout(timeout), failpolicy.WithHooks(log.hooks()))
+		// at waits until d after start, and wants the breaker in state.
+		at := func(start time.Time, d time.Duration, state failpolicy.BreakerState) {
+			t.Helper()
+			time.Sleep(time.Until(start.Add(d)))
+			synctest.Wait()
+			if p.Breaker() != state {
+				t.Fatalf("%v after the probe's start: breaker %v; want %v", d, p.Breaker(), state)
 			}
 		}
-	}
 
-	s.delay.Store(int64(time.Hour)) // a store that never answers
-	if d := do(t, p, consume); !d.Degraded || p.Breaker() != failpolicy.BreakerOpen {
-		t.Fatalf("%+v, breaker %v; want Degraded and BreakerOpen", d, p.Breaker())
-	}
-	clock.Advance(coolDown)
-	start := time.Now()
-	if d := do(t, p, consume); !d.Degraded || p.Breaker() != failpolicy.BreakerHalfOpen {
-		t.Fatalf("the probe's caller: %+v, breaker %v; want Degraded and BreakerHalfOpen", d, p.Breaker())
-	}
-	for range 100 {
-		if d := do(t, p, consume); !d.Degraded {
-			t.Fatalf("%+v while the probe is out; want Degraded", d)
+		s.delay.Store(int64(time.Hour)) // a store that never answers
+		if d := do(t, p, consume); !d.Degraded || p.Breaker() != failpolicy.BreakerOpen {
+			t.Fatalf("%+v, breaker %v; want Degraded and BreakerOpen", d, p.Breaker())
 		}
-	}
-	if n := s.calls.Load(); n != 2 {
-		t.Errorf("%d calls reached the store; want 2, the first and the probe", n)
-	}
-	waitFor(failpolicy.BreakerOpen)
-	if waited := time.Since(start); waited < coolDown {
-		t.Errorf("the probe failed after %v; want the cool-down, %v", waited, coolDown)
-	}
+		time.Sleep(coolDown)
+		start := time.Now()
+		if d := do(t, p, consume); !d.Degraded || p.Breaker() != failpolicy.BreakerHalfOpen {
+			t.Fatalf("the probe's caller: %+v, breaker %v; want Degraded and BreakerHalfOpen", d, p.Breaker())
+		}
+		if waited := time.Since(start); waited != timeout {
+			t.Errorf("the probe's caller waited %v; want the deadline, %v", waited, timeout)
+		}
+		for range 100 {
+			if d := do(t, p, consume); !d.Degraded {
+				t.Fatalf("%+v while the probe is out; want Degraded", d)
+			}
+		}
+		if n := s.calls.Load(); n != 2 {
+			t.Errorf("%d calls reached the store; want 2, the first and the probe", n)
+		}
+		at(start, coolDown-time.Nanosecond, failpolicy.BreakerHalfOpen)
+		at(start, coolDown, failpolicy.BreakerOpen) // the probe fails at the end of its cool-down
 
-	s.delay.Store(int64(50 * time.Millisecond)) // slower than the deadline, within the cool-down
-	clock.Advance(coolDown)
-	if d := do(t, p, consume); !d.Degraded {
-		t.Fatalf("the probe's caller: %+v; want Degraded: the store answers after the deadline", d)
-	}
-	waitFor(failpolicy.BreakerClosed)
-	s.delay.Store(0)
-	if d := do(t, p, consume); d.Degraded {
-		t.Fatalf("%+v after the probe's answer; want the store's decision", d)
-	}
-	want := []string{
-		"BreakerClosed>BreakerOpen", "BreakerOpen>BreakerHalfOpen", "BreakerHalfOpen>BreakerOpen",
-		"BreakerOpen>BreakerHalfOpen", "BreakerHalfOpen>BreakerClosed",
-	}
-	log.mu.Lock()
-	defer log.mu.Unlock()
-	if fmt.Sprint(log.changes) != fmt.Sprint(want) {
-		t.Errorf("BreakerChanged: %v; want %v", log.changes, want)
-	}
+		s.delay.Store(int64(50 * time.Millisecond)) // slower than the deadline, within the cool-down
+		time.Sleep(coolDown)
+		start = time.Now()
+		if d := do(t, p, consume); !d.Degraded {
+			t.Fatalf("the probe's caller: %+v; want Degraded: the store answers after the deadline", d)
+		}
+		at(start, 50*time.Millisecond-time.Nanosecond, failpolicy.BreakerHalfOpen)
+		at(start, 50*time.Millisecond, failpolicy.BreakerClosed)
+		s.delay.Store(0)
+		if d := do(t, p, consume); d.Degraded {
+			t.Fatalf("%+v after the probe's answer; want the store's decision", d)
+		}
+		want := []string{
+			"BreakerClosed>BreakerOpen", "BreakerOpen>BreakerHalfOpen", "BreakerHalfOpen>BreakerOpen",
+			"BreakerOpen>BreakerHalfOpen", "BreakerHalfOpen>BreakerClosed",
+		}
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		if fmt.Sprint(log.changes) != fmt.Sprint(want) {
+			t.Errorf("BreakerChanged: %v; want %v", log.changes, want)
+		}
+	})
 }
 
 // TestCancelledCaller: a caller that cancels gets its context's error,
 // not a degraded decision, and leaves the breaker as it was.
 func TestCancelledCaller(t *testing.T) {
-	s := &slowStore{store: newStore(t, nil)}
-	s.delay.Store(int64(time.Hour))
-	p := newPolicy(t, s, failpolicy.Closed, failpolicy.WithBreaker(1, time.Hour), failpolicy.WithTimeout(time.Hour))
-	ctx, cancel := context.WithCancel(context.Background())
-	time.AfterFunc(10*time.Millisecond, cancel)
-	if d, err := p.Do(ctx, "k", perMinute, consume); !errors.Is(err, context.Canceled) {
-		t.Errorf("%+v, %v; want context.Canceled", d, err)
-	}
-	if p.Breaker() != failpolicy.BreakerClosed {
-		t.Errorf("breaker %v; want BreakerClosed", p.Breaker())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := &slowStore{store: newStore(t, nil)}
+		s.delay.Store(int64(time.Hour))
+		p := newPolicy(t, s, failpolicy.Closed, failpolicy.WithBreaker(1, time.Hour), failpolicy.WithTimeout(time.Hour))
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(10*time.Millisecond, cancel)
+		if d, err := p.Do(ctx, "k", perMinute, consume); !errors.Is(err, context.Canceled) {
+			t.Errorf("%+v, %v; want context.Canceled", d, err)
+		}
+		if p.Breaker() != failpolicy.BreakerClosed {
+			t.Errorf("breaker %v; want BreakerClosed", p.Breaker())
+		}
+	})
 }
 
 func TestShare(t *testing.T) {
@@ -507,17 +528,20 @@ func (d deafStore) Do(context.Context, string, ratelimit.Config, ratelimit.Reque
 }
 
 // TestHardDeadline: a decision returns at the deadline even when the
-// client ignores it.
+// client ignores it, to the nanosecond on synctest's clock.
 func TestHardDeadline(t *testing.T) {
-	const delay, timeout = 300 * time.Millisecond, 10 * time.Millisecond
-	p := newPolicy(t, deafStore{delay}, failpolicy.Open, failpolicy.WithTimeout(timeout), failpolicy.WithBreaker(100, time.Hour))
-	for range 3 {
-		start := time.Now()
-		if d := do(t, p, consume); !d.Degraded {
-			t.Fatalf("%+v; want Degraded", d)
+	synctest.Test(t, func(t *testing.T) {
+		const delay, timeout = 300 * time.Millisecond, 10 * time.Millisecond
+		p := newPolicy(t, deafStore{delay}, failpolicy.Open, failpolicy.WithTimeout(timeout), failpolicy.WithBreaker(100, time.Hour))
+		for range 3 {
+			start := time.Now()
+			if d := do(t, p, consume); !d.Degraded {
+				t.Fatalf("%+v; want Degraded", d)
+			}
+			if took := time.Since(start); took != timeout {
+				t.Errorf("a decision took %v; want the %v deadline, not the store's %v", took, timeout, delay)
+			}
 		}
-		if took := time.Since(start); took >= delay/2 {
-			t.Errorf("a decision took %v; want the %v deadline, not the store's %v", took, timeout, delay)
-		}
-	}
+		time.Sleep(delay) // the calls left behind end before the bubble
+	})
 }
