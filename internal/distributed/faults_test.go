@@ -16,11 +16,15 @@ const pauseFor = time.Second
 
 // masterPaused pauses the cluster master that holds the bucket with
 // SIGSTOP, for pauseFor or until every call during the fault has started,
-// whichever is later (then at most pauseFor and faultCalls × 200ms). Calls with a shorter timeout fail, and those already
-// sent run at the resume; calls with a longer one wait. No call sent
-// during the pause can decide before the resume.
+// whichever is later. Calls with a shorter timeout fail, and those
+// already sent run at the resume; calls with a longer one wait. No call
+// sent during the pause can decide before the resume. It strikes once no
+// call is in flight: a call of the first phase caught by the pause would
+// hold its goroutine, and so the pause, for up to its 10s timeout, and a
+// master paused past the node timeout leaves the cluster down.
 var masterPaused = &fault{
-	name: "MasterPaused",
+	name:  "MasterPaused",
+	quiet: true,
 	inject: func(t *testing.T, c client, r run, key string, _ *testkit.Instances) func() {
 		master := c.master(t, r.top, key)
 		master.Pause(t)
@@ -116,6 +120,7 @@ func TestMissedFaultsAreCaught(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			r := faultAdmissionRun(top, testkit.BackendGoRedis, &fault{
 				name:   f.name,
+				quiet:  f.quiet,
 				inject: func(*testing.T, client, run, string, *testkit.Instances) func() { return func() {} },
 				during: f.during,
 			})

@@ -212,6 +212,9 @@ type run struct {
 // fault strikes a run between two of its phases; see execute.
 type fault struct {
 	name string
+	// quiet says that the fault strikes only once no call is in flight,
+	// so that no call of the first phase meets it.
+	quiet bool
 	// inject strikes, and returns once the fault is in place, with the
 	// function that ends it and returns once it is over.
 	inject func(t *testing.T, c client, r run, key string, in *testkit.Instances) (heal func())
@@ -256,6 +259,9 @@ func execute(t *testing.T, c client, r run, spec testkit.InstanceSpec, before fu
 	}
 	var m marks
 	in.WaitHeld(t)
+	if r.fault.quiet {
+		in.WaitIdle(t)
+	}
 	heal := r.fault.inject(t, c, r, spec.Key, in)
 	m.struck = time.Now().UnixNano()
 	in.Go(t)

@@ -61,9 +61,10 @@ type InstanceSpec struct {
 	// between them without racing the calls: at each hold, in order, no
 	// goroutine starts attempt At or a later one until the harness
 	// releases the hold with [Instances.Go]. Once every attempt before At
-	// has started (some may still be in flight), the instance reports
-	// that it holds, which [Instances.WaitHeld] waits for. Each At must
-	// be after the previous one and before Attempts.
+	// has started (some may still be in flight, until
+	// [Instances.WaitIdle]), the instance reports that it holds, which
+	// [Instances.WaitHeld] waits for. Each At must be after the previous
+	// one and before Attempts.
 	Holds []Hold
 }
 
@@ -402,6 +403,49 @@ func (in *Instances) notHeld() (*instance, error) {
 		}
 	}
 	return nil, nil
+}
+
+// WaitIdle waits until no instance not killed has a call in flight: every
+// call started so far has returned. Once the instances hold, that makes
+// the run quiet, so that a fault struck then meets no call of an earlier
+// phase. It fails t if an instance ends first, or after
+// instanceRunTimeout.
+func (in *Instances) WaitIdle(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(instanceRunTimeout)
+	for {
+		busy, err := in.busy()
+		switch {
+		case err != nil:
+			t.Fatalf("testkit: waiting for the calls in flight: %v", err)
+		case busy == 0:
+			return
+		case time.Now().After(deadline):
+			t.Fatalf("testkit: %d calls still in flight after %v", busy, instanceRunTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// busy returns how many calls the instances not killed have in flight.
+// An instance that ended with calls in flight is an error.
+func (in *Instances) busy() (int, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	n := 0
+	for key := range in.open {
+		p := in.procs[key[0]]
+		if p.killed {
+			continue
+		}
+		select {
+		case <-p.done:
+			return 0, fmt.Errorf("instance %d ended with calls in flight (%v); its last lines:\n%s", p.index, p.cmd.ProcessState, p.tail.String())
+		default:
+		}
+		n++
+	}
+	return n, nil
 }
 
 // Kill kills instance i with SIGKILL mid-run, and returns once it is dead.

@@ -102,10 +102,11 @@ func TestInstancesBadSpec(t *testing.T) {
 }
 
 // TestInstancesHold runs 2 instances × 3 goroutines, 12 calls each, with
-// holds at attempts 4 and 8, and the server paused between them: every
-// attempt before a hold starts before WaitHeld returns, and none after it
-// until Go releases it; the calls between the holds have that phase's
-// timeout of 50ms, and the others the spec's 10s.
+// holds at attempts 4 and 8, and the server paused between them, once the
+// calls before the first hold have returned (WaitIdle): every attempt
+// before a hold starts before WaitHeld returns, and none after it until Go
+// releases it; the calls between the holds have that phase's timeout of
+// 50ms, and the others the spec's 10s.
 func TestInstancesHold(t *testing.T) {
 	t.Parallel()
 	const phaseTimeout = 50 * time.Millisecond
@@ -119,6 +120,7 @@ func TestInstancesHold(t *testing.T) {
 	in := testkit.StartInstances(t, buildInstance(t), 2, spec)
 	in.Go(t)
 	in.WaitHeld(t)
+	in.WaitIdle(t)
 	r.Pause(t)
 	paused := time.Now().UnixNano()
 	in.Go(t)
