@@ -278,7 +278,8 @@ func TestPassedBack(t *testing.T) {
 type hookLog struct {
 	mu       sync.Mutex
 	degraded []error
-	changes  []string
+	changes  []string    // "from>to"
+	at       []time.Time // when each change was reported
 }
 
 func (h *hookLog) hooks() failpolicy.Hooks {
@@ -291,6 +292,7 @@ func (h *hookLog) hooks() failpolicy.Hooks {
 		BreakerChanged: func(from, to failpolicy.BreakerState) {
 			h.mu.Lock()
 			h.changes = append(h.changes, from.String()+">"+to.String())
+			h.at = append(h.at, time.Now())
 			h.mu.Unlock()
 		},
 	}
