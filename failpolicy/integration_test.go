@@ -149,12 +149,13 @@ func TestStallIntegration(t *testing.T) {
 const recoveryCap = 10 * time.Second
 
 // checkRecovery checks the breaker's changes since back, when Redis came
-// back, as log recorded them, and returns how many probes they made. Each
-// change must come within a cool-down of the one before it (that is, of
-// entering the state it leaves), plus margin: an open breaker lets a probe
-// out once its cool-down is over, to the next decision, 1ms apart; a probe
-// is judged when its store call ends, which its cool-down bounds, plus the
-// client's overrun. The last change closes the breaker.
+// back and the decisions began again, as log recorded them, and returns how
+// many probes they made. Each change must come within a cool-down, plus
+// margin, of entering the state it leaves: a probe is judged when its
+// store call ends, which its cool-down bounds, plus the client's overrun;
+// and an open breaker lets the next decision probe once its cool-down is
+// over, the decisions coming 1ms apart from back on. The last change
+// closes the breaker.
 func checkRecovery(t *testing.T, log *hookLog, back time.Time, overrun, margin time.Duration) (probes int) {
 	t.Helper()
 	log.mu.Lock()
@@ -163,20 +164,30 @@ func checkRecovery(t *testing.T, log *hookLog, back time.Time, overrun, margin t
 		if i == 0 || !log.at[i].After(back) {
 			continue
 		}
-		limit := stallCoolDown + time.Millisecond + margin
-		if from, _, _ := strings.Cut(change, ">"); from == failpolicy.BreakerHalfOpen.String() {
-			limit = stallCoolDown + overrun + margin
-		} else {
+		entered := log.at[i-1]
+		limit := stallCoolDown + overrun + margin
+		if from, _, _ := strings.Cut(change, ">"); from == failpolicy.BreakerOpen.String() {
+			// No decision could probe before back.
+			entered = later(entered, back)
+			limit = stallCoolDown + time.Millisecond + margin
 			probes++
 		}
-		if gap := log.at[i].Sub(log.at[i-1]); gap > limit {
-			t.Errorf("%s %v after the change before it (%s); want within %v", change, gap, log.changes[i-1], limit)
+		if gap := log.at[i].Sub(entered); gap > limit {
+			t.Errorf("%s %v after %s or Redis's return, whichever was later; want within %v", change, gap, log.changes[i-1], limit)
 		}
 	}
 	if n := len(log.changes); n == 0 || log.changes[n-1] != "BreakerHalfOpen>BreakerClosed" {
 		t.Errorf("breaker changes %v; want the last to close it", log.changes)
 	}
 	return probes
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // probeTrips bounds the round trips of a probe once Redis is back, each
