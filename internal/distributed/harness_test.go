@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,21 +17,12 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// buildDir holds the instance program, built once by the first run that
-// needs it; TestMain removes it.
-var buildDir string
-
-var instanceBin = sync.OnceValues(func() (string, error) { return testkit.BuildInstance(buildDir) })
+// build is the instance program, built by the first run that needs it.
+var build testkit.InstanceBuild
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sluice-distributed-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	buildDir = dir
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		os.RemoveAll(dir)
+		build.Remove()
 		os.Exit(code)
 	}))
 }
@@ -241,10 +231,7 @@ type marks struct {
 // the rest. The marks say when the phases changed.
 func execute(t *testing.T, c client, r run, spec testkit.InstanceSpec, before func()) ([]testkit.Call, marks) {
 	t.Helper()
-	bin, err := instanceBin()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := build.Bin(t)
 	if r.fault != nil {
 		at := r.faultAfter / r.processes
 		spec.Holds = []testkit.Hold{{At: at, Timeout: r.faultTimeout}, {At: at + r.faultCalls*r.goroutines}}

@@ -117,6 +117,38 @@ type InstanceLine struct {
 // the spec, to release it, and again to release each of its holds.
 const InstanceGo = "go\n"
 
+// InstanceBuild builds the instance program once for a test binary, for
+// the tests that start instances. Its zero value is ready to use; TestMain
+// calls Remove after the tests.
+type InstanceBuild struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// Bin builds the program on its first call, into a temporary folder, and
+// returns its path; it fails t if the build failed.
+func (b *InstanceBuild) Bin(t testing.TB) string {
+	t.Helper()
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", "sluice-instance-"); b.err == nil {
+			b.bin, b.err = BuildInstance(b.dir)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.bin
+}
+
+// Remove removes what Bin built.
+func (b *InstanceBuild) Remove() {
+	if b.dir != "" {
+		os.RemoveAll(b.dir)
+	}
+}
+
 // BuildInstance builds the instance program into dir and returns its path.
 // When the calling binary has the race detector, so does the program.
 func BuildInstance(dir string) (string, error) {
@@ -370,25 +402,13 @@ func (in *Instances) Go(t testing.TB) {
 // instanceRunTimeout.
 func (in *Instances) WaitHeld(t testing.TB) {
 	t.Helper()
-	deadline := time.Now().Add(instanceRunTimeout)
-	for {
-		p, err := in.notHeld()
-		switch {
-		case err != nil:
-			t.Fatalf("testkit: waiting for hold %d: %v", in.gos, err)
-		case p == nil:
-			return
-		case time.Now().After(deadline):
-			t.Fatalf("testkit: instance %d not at hold %d after %v; its last lines:\n%s", p.index, in.gos, instanceRunTimeout, p.tail.String())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	in.waitUntil(t, fmt.Sprintf("waiting for hold %d", in.gos), in.notHeld)
 }
 
-// notHeld returns an instance not killed that has yet to report the hold
-// the next Go releases, or nil if none is left. An instance that ended
-// before it held is an error.
-func (in *Instances) notHeld() (*instance, error) {
+// notHeld describes an instance not killed that has yet to report the
+// hold the next Go releases, or returns "" if none is left. An instance
+// that ended before it held is an error.
+func (in *Instances) notHeld() (string, error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	for _, p := range in.procs {
@@ -397,12 +417,12 @@ func (in *Instances) notHeld() (*instance, error) {
 		}
 		select {
 		case <-p.done:
-			return nil, fmt.Errorf("instance %d ended before it held (%v); its last lines:\n%s", p.index, p.cmd.ProcessState, p.tail.String())
+			return "", fmt.Errorf("instance %d ended before it held (%v); its last lines:\n%s", p.index, p.cmd.ProcessState, p.tail.String())
 		default:
-			return p, nil
+			return fmt.Sprintf("instance %d does not hold; its last lines:\n%s", p.index, p.tail.String()), nil
 		}
 	}
-	return nil, nil
+	return "", nil
 }
 
 // WaitIdle waits until no instance not killed has a call in flight: every
@@ -412,24 +432,13 @@ func (in *Instances) notHeld() (*instance, error) {
 // instanceRunTimeout.
 func (in *Instances) WaitIdle(t testing.TB) {
 	t.Helper()
-	deadline := time.Now().Add(instanceRunTimeout)
-	for {
-		busy, err := in.busy()
-		switch {
-		case err != nil:
-			t.Fatalf("testkit: waiting for the calls in flight: %v", err)
-		case busy == 0:
-			return
-		case time.Now().After(deadline):
-			t.Fatalf("testkit: %d calls still in flight after %v", busy, instanceRunTimeout)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	in.waitUntil(t, "waiting for the calls in flight", in.busy)
 }
 
-// busy returns how many calls the instances not killed have in flight.
-// An instance that ended with calls in flight is an error.
-func (in *Instances) busy() (int, error) {
+// busy says how many calls the instances not killed have in flight, or
+// returns "" if none. An instance that ended with calls in flight is an
+// error.
+func (in *Instances) busy() (string, error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	n := 0
@@ -440,12 +449,35 @@ func (in *Instances) busy() (int, error) {
 		}
 		select {
 		case <-p.done:
-			return 0, fmt.Errorf("instance %d ended with calls in flight (%v); its last lines:\n%s", p.index, p.cmd.ProcessState, p.tail.String())
+			return "", fmt.Errorf("instance %d ended with calls in flight (%v); its last lines:\n%s", p.index, p.cmd.ProcessState, p.tail.String())
 		default:
 		}
 		n++
 	}
-	return n, nil
+	if n == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("%d calls in flight", n), nil
+}
+
+// waitUntil polls pending until it reports nothing left; it fails t,
+// saying what it waited for, when pending returns an error, or after
+// instanceRunTimeout with what pending last reported.
+func (in *Instances) waitUntil(t testing.TB, what string, pending func() (string, error)) {
+	t.Helper()
+	deadline := time.Now().Add(instanceRunTimeout)
+	for {
+		left, err := pending()
+		switch {
+		case err != nil:
+			t.Fatalf("testkit: %s: %v", what, err)
+		case left == "":
+			return
+		case time.Now().After(deadline):
+			t.Fatalf("testkit: %s: after %v, %s", what, instanceRunTimeout, left)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // Kill kills instance i with SIGKILL mid-run, and returns once it is dead.

@@ -2,7 +2,6 @@ package testkit_test
 
 import (
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -10,28 +9,12 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// buildDir holds the instance program, built once by the first test that
-// needs it; TestMain removes it.
-var buildDir string
-
-var instanceBin = sync.OnceValues(func() (string, error) { return testkit.BuildInstance(buildDir) })
-
-// buildInstance returns the instance program, or fails t.
-func buildInstance(t *testing.T) string {
-	t.Helper()
-	bin, err := instanceBin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
-}
-
 // TestInstances runs 2 instances × 3 goroutines, 10 calls each, and
 // checks what they report: every attempt once, in its instance, with
 // times in order and the bucket's capacity admitted.
 func TestInstances(t *testing.T) {
 	t.Parallel()
-	bin := buildInstance(t)
+	bin := build.Bin(t)
 	r := testkit.StartRedis(t)
 	spec := testkit.InstanceSpec{
 		Backend: testkit.BackendGoRedis, Addrs: []string{r.Addr()}, Key: "instances",
@@ -70,7 +53,7 @@ func TestInstances(t *testing.T) {
 // StartInstances fail the test with the instance's reason.
 func TestInstancesBadSpec(t *testing.T) {
 	t.Parallel()
-	bin := buildInstance(t)
+	bin := build.Bin(t)
 	tests := []struct {
 		name string
 		spec testkit.InstanceSpec
@@ -117,7 +100,7 @@ func TestInstancesHold(t *testing.T) {
 		Goroutines: 3, Attempts: 12,
 		Holds: []testkit.Hold{{At: 4, Timeout: phaseTimeout}, {At: 8}},
 	}
-	in := testkit.StartInstances(t, buildInstance(t), 2, spec)
+	in := testkit.StartInstances(t, build.Bin(t), 2, spec)
 	in.Go(t)
 	in.WaitHeld(t)
 	in.WaitIdle(t)
@@ -180,7 +163,7 @@ func TestKillExited(t *testing.T) {
 		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(100)}},
 		Goroutines: 1, Attempts: 1,
 	}
-	in := testkit.StartInstances(t, buildInstance(t), 1, spec)
+	in := testkit.StartInstances(t, build.Bin(t), 1, spec)
 	in.Go(t)
 	in.Wait(t)
 	tb := &outcomeTB{TB: t}

@@ -18,15 +18,12 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
+// build is the instance program of the tests that start instances.
+var build testkit.InstanceBuild
+
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sluice-testkit-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	buildDir = dir
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		os.RemoveAll(dir)
+		build.Remove()
 		os.Exit(code)
 	}))
 }
