@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -22,6 +23,8 @@ type Proxy struct {
 	ln     net.Listener
 	wg     sync.WaitGroup
 
+	marked atomic.Int64 // requests with a mark passed on since StallAfter
+
 	mu     sync.Mutex
 	marks  [][]byte // upper-cased; see StallAfter
 	conns  map[*proxyConn]struct{}
@@ -31,6 +34,7 @@ type Proxy struct {
 // proxyConn is one client connection and the proxy's own to the target.
 type proxyConn struct {
 	client, server net.Conn
+	marked         *atomic.Int64 // the proxy's count
 
 	mu      sync.Mutex
 	resumed sync.Cond // signalled when stalled or closed changes
@@ -69,10 +73,12 @@ func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
 // the first request that contains one of marks (in any case) sent from now
 // on: the server gets the request, and runs it, but neither its reply nor
 // any after it reach the client until Release. Replies to the requests
-// before it, such as a new connection's handshake, pass.
+// before it, such as a new connection's handshake, pass. [Proxy.Marked]
+// counts the requests with a mark from now on.
 func (p *Proxy) StallAfter(marks ...string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.marked.Store(0)
 	p.marks = nil
 	for _, m := range marks {
 		p.marks = append(p.marks, bytes.ToUpper([]byte(m)))
@@ -83,6 +89,12 @@ func (p *Proxy) StallAfter(marks ...string) {
 		c.mu.Unlock()
 	}
 }
+
+// Marked returns how many times the proxy has passed a mark of the last
+// StallAfter on to the server, on any connection, up to its Release: the
+// requests of that kind that the client sent, each of which the server
+// runs.
+func (p *Proxy) Marked() int { return int(p.marked.Load()) }
 
 // Release ends the stall: the replies held back flow again, and no
 // request stalls its connection.
@@ -119,7 +131,7 @@ func (p *Proxy) serve(client net.Conn) {
 		client.Close()
 		return
 	}
-	c := &proxyConn{client: client, server: server}
+	c := &proxyConn{client: client, server: server, marked: &p.marked}
 	c.resumed.L = &c.mu
 	p.mu.Lock()
 	if p.closed {
@@ -162,20 +174,30 @@ func (c *proxyConn) up() {
 	c.close()
 }
 
-// watch stalls the connection if b, with the end of what came before it,
-// holds a mark. It runs before b goes to the server, so the server cannot
-// reply before the stall is in place.
+// watch counts the marks in b, and what came just before it, and stalls
+// the connection at the first. It runs before b goes to the server, so
+// the server cannot reply before the stall is in place.
 func (c *proxyConn) watch(b []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stalled || len(c.marks) == 0 {
+	if len(c.marks) == 0 {
 		return
 	}
 	window := append(c.carry, bytes.ToUpper(b)...)
 	longest := 0
 	for _, m := range c.marks {
-		if bytes.Contains(window, m) {
-			c.stalled = true
+		// A mark that ends within the carry was counted with the chunk
+		// before.
+		for i := 0; ; {
+			j := bytes.Index(window[i:], m)
+			if j < 0 {
+				break
+			}
+			if i+j+len(m) > len(c.carry) {
+				c.marked.Add(1)
+				c.stalled = true
+			}
+			i += j + 1
 		}
 		longest = max(longest, len(m))
 	}

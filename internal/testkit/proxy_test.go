@@ -15,8 +15,9 @@ import (
 
 // TestProxyStallAfter: through a proxy stalled after INCR, an INCR on an
 // open connection and one on a new connection both reach the server, which
-// runs them, but their replies time out, while the new connection's
-// handshake and a PING before the INCR pass; after Release, replies flow.
+// runs them, and Marked counts them, but their replies time out, while the
+// new connection's handshake and a PING before the INCR pass; after
+// Release, replies flow.
 func TestProxyStallAfter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -41,6 +42,9 @@ func TestProxyStallAfter(t *testing.T) {
 	}
 	if n, err := newClient(t, r.Addr()).Get(ctx, "n").Int(); err != nil || n != 2 {
 		t.Errorf("GET n on the server = %d, %v; want 2: both INCRs ran", n, err)
+	}
+	if n := p.Marked(); n != 2 {
+		t.Errorf("Marked() = %d; want the 2 INCRs", n)
 	}
 
 	p.Release()
