@@ -43,12 +43,17 @@ var masterPaused = &fault{
 	},
 }
 
-// instanceKilled kills instance 0 with SIGKILL while it holds, with calls
-// perhaps in flight, which may have taken effect unreported. The others
-// go on, and every call they make after the kill must decide.
+// instanceKilled releases instance 0 alone into the fault's phase, and
+// kills it with SIGKILL once each of its goroutines has started a call
+// there: they are in flight, or just done, and may have taken effect
+// unreported. Instance 0 cannot have finished: at worst it holds at the
+// end of the phase. The others go on, and every call they make after the
+// kill must decide.
 var instanceKilled = &fault{
 	name: "InstanceKilled",
-	inject: func(t *testing.T, _ client, _ run, _ string, in *testkit.Instances) func() {
+	inject: func(t *testing.T, _ client, r run, _ string, in *testkit.Instances) func() {
+		in.Release(t, 0)
+		in.WaitStarted(t, 0, r.faultAfter/r.processes+r.goroutines)
 		in.Kill(t, 0)
 		return func() {}
 	},

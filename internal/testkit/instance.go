@@ -172,7 +172,6 @@ func BuildInstance(dir string) (string, error) {
 // started by [StartInstances], that wait to be released by Go.
 type Instances struct {
 	procs []*instance
-	gos   int // the Go calls so far
 
 	mu    sync.Mutex
 	calls []Call
@@ -190,8 +189,10 @@ type instance struct {
 	tail  tail          // its last lines, for failure messages
 
 	// Guarded by Instances.mu.
-	killed bool
-	held   int // the holds it has reported
+	killed   bool
+	released int // the gos written to it
+	held     int // the holds it has reported
+	started  int // the calls it has reported starting
 }
 
 // tailLines is how many of an instance's last lines failures show.
@@ -345,6 +346,7 @@ func (in *Instances) read(p *instance, stdout io.Reader) {
 		case line.Started != nil:
 			c := *line.Started
 			in.mu.Lock()
+			p.started++
 			in.open[[2]int{c.Instance, c.Attempt}] = c
 			in.mu.Unlock()
 		case line.Call != nil:
@@ -382,37 +384,72 @@ func (in *Instances) fail(err error) {
 // seen them all hold there.
 func (in *Instances) Go(t testing.TB) {
 	t.Helper()
-	in.gos++
-	for i, p := range in.procs {
-		in.mu.Lock()
-		killed := p.killed
-		in.mu.Unlock()
-		if killed {
-			continue
-		}
-		if _, err := io.WriteString(p.stdin, InstanceGo); err != nil {
-			t.Fatalf("testkit: release instance %d: %v; its last lines:\n%s", i, err, p.tail.String())
-		}
+	for i := range in.procs {
+		in.release(t, i)
+	}
+}
+
+// Release releases instance i alone from its next hold, as Go does, so
+// that it runs its next phase while the others hold.
+func (in *Instances) Release(t testing.TB, i int) {
+	t.Helper()
+	in.release(t, i)
+}
+
+// release releases instance i unless it was killed.
+func (in *Instances) release(t testing.TB, i int) {
+	t.Helper()
+	p := in.procs[i]
+	in.mu.Lock()
+	killed := p.killed
+	p.released++
+	in.mu.Unlock()
+	if killed {
+		return
+	}
+	if _, err := io.WriteString(p.stdin, InstanceGo); err != nil {
+		t.Fatalf("testkit: release instance %d: %v; its last lines:\n%s", i, err, p.tail.String())
 	}
 }
 
 // WaitHeld waits until every instance not killed holds at the hold that
-// the next Go releases: every attempt before it has started, and none
-// after it will until then. It fails t if an instance ends first, or after
-// instanceRunTimeout.
+// its next release (Go or Release) ends: every attempt before it has
+// started, and none after it will until then. It fails t if an instance
+// ends first, or after instanceRunTimeout.
 func (in *Instances) WaitHeld(t testing.TB) {
 	t.Helper()
-	in.waitUntil(t, fmt.Sprintf("waiting for hold %d", in.gos), in.notHeld)
+	in.waitUntil(t, "waiting for the instances to hold", in.notHeld)
+}
+
+// WaitStarted waits until instance i has started n calls in all, or holds,
+// or was killed. It fails t if the instance ends first, or after
+// instanceRunTimeout.
+func (in *Instances) WaitStarted(t testing.TB, i, n int) {
+	t.Helper()
+	p := in.procs[i]
+	in.waitUntil(t, fmt.Sprintf("waiting for instance %d to start %d calls", i, n), func() (string, error) {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		if p.killed || p.started >= n || p.held >= p.released {
+			return "", nil
+		}
+		select {
+		case <-p.done:
+			return "", fmt.Errorf("instance %d ended after %d calls (%v); its last lines:\n%s", i, p.started, p.cmd.ProcessState, p.tail.String())
+		default:
+			return fmt.Sprintf("it has started %d", p.started), nil
+		}
+	})
 }
 
 // notHeld describes an instance not killed that has yet to report the
-// hold the next Go releases, or returns "" if none is left. An instance
+// hold its next release ends, or returns "" if none is left. An instance
 // that ended before it held is an error.
 func (in *Instances) notHeld() (string, error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	for _, p := range in.procs {
-		if p.killed || p.held >= in.gos {
+		if p.killed || p.held >= p.released {
 			continue
 		}
 		select {

@@ -180,3 +180,40 @@ func TestKillExited(t *testing.T) {
 		}
 	}
 }
+
+// TestInstancesRelease: Release lets one instance run its next phase
+// while the other holds, and WaitStarted sees its calls start.
+func TestInstancesRelease(t *testing.T) {
+	t.Parallel()
+	r := testkit.StartRedis(t)
+	spec := testkit.InstanceSpec{
+		Backend: testkit.BackendGoRedis, Addrs: []string{r.Addr()}, Key: "release",
+		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(100)}},
+		Goroutines: 2, Attempts: 12,
+		Holds: []testkit.Hold{{At: 4}, {At: 8}},
+	}
+	in := testkit.StartInstances(t, build.Bin(t), 2, spec)
+	in.Go(t)
+	in.WaitHeld(t)
+	in.Release(t, 0)
+	in.WaitStarted(t, 0, 6)
+	in.WaitHeld(t)
+	alone := time.Now().UnixNano() // instance 0 at its second hold, 1 at its first
+	in.Go(t)
+	in.Go(t)
+	calls := in.Wait(t)
+	if len(calls) != 24 {
+		t.Fatalf("%d calls reported, want 24", len(calls))
+	}
+	for _, c := range calls {
+		between := c.Attempt >= 4 && c.Attempt < 8
+		switch {
+		case c.Err != "":
+			t.Errorf("instance %d, attempt %d: %s", c.Instance, c.Attempt, c.Err)
+		case c.Instance == 0 && between && c.Start >= alone:
+			t.Errorf("instance 0 started attempt %d after its phase, released alone, held", c.Attempt)
+		case c.Instance == 1 && c.Attempt >= 4 && c.Start <= alone:
+			t.Errorf("instance 1 started attempt %d while it held", c.Attempt)
+		}
+	}
+}
