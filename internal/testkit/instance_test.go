@@ -84,6 +84,17 @@ func TestInstancesBadSpec(t *testing.T) {
 	}
 }
 
+// goRedisSpec is the spec of the harness's own tests: goroutines calling
+// attempts times in all, with holds, through go-redis on the server at
+// addr, on a bucket of 100 an hour at key.
+func goRedisSpec(addr, key string, goroutines, attempts int, holds ...testkit.Hold) testkit.InstanceSpec {
+	return testkit.InstanceSpec{
+		Backend: testkit.BackendGoRedis, Addrs: []string{addr}, Key: key,
+		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(100)}},
+		Goroutines: goroutines, Attempts: attempts, Holds: holds,
+	}
+}
+
 // TestInstancesHold runs 2 instances × 3 goroutines, 12 calls each, with
 // holds at attempts 4 and 8, and the server paused between them, once the
 // calls before the first hold have returned (WaitIdle): every attempt
@@ -94,12 +105,7 @@ func TestInstancesHold(t *testing.T) {
 	t.Parallel()
 	const phaseTimeout = 50 * time.Millisecond
 	r := testkit.StartRedis(t)
-	spec := testkit.InstanceSpec{
-		Backend: testkit.BackendGoRedis, Addrs: []string{r.Addr()}, Key: "holds",
-		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(100)}},
-		Goroutines: 3, Attempts: 12,
-		Holds: []testkit.Hold{{At: 4, Timeout: phaseTimeout}, {At: 8}},
-	}
+	spec := goRedisSpec(r.Addr(), "holds", 3, 12, testkit.Hold{At: 4, Timeout: phaseTimeout}, testkit.Hold{At: 8})
 	in := testkit.StartInstances(t, build.Bin(t), 2, spec)
 	in.Go(t)
 	in.WaitHeld(t)
@@ -158,11 +164,7 @@ func TestInstancesHold(t *testing.T) {
 func TestKillExited(t *testing.T) {
 	t.Parallel()
 	r := testkit.StartRedis(t)
-	spec := testkit.InstanceSpec{
-		Backend: testkit.BackendGoRedis, Addrs: []string{r.Addr()}, Key: "kill-exited",
-		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(100)}},
-		Goroutines: 1, Attempts: 1,
-	}
+	spec := goRedisSpec(r.Addr(), "kill-exited", 1, 1)
 	in := testkit.StartInstances(t, build.Bin(t), 1, spec)
 	in.Go(t)
 	in.Wait(t)
@@ -186,12 +188,7 @@ func TestKillExited(t *testing.T) {
 func TestInstancesRelease(t *testing.T) {
 	t.Parallel()
 	r := testkit.StartRedis(t)
-	spec := testkit.InstanceSpec{
-		Backend: testkit.BackendGoRedis, Addrs: []string{r.Addr()}, Key: "release",
-		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(100)}},
-		Goroutines: 2, Attempts: 12,
-		Holds: []testkit.Hold{{At: 4}, {At: 8}},
-	}
+	spec := goRedisSpec(r.Addr(), "release", 2, 12, testkit.Hold{At: 4}, testkit.Hold{At: 8})
 	in := testkit.StartInstances(t, build.Bin(t), 2, spec)
 	in.Go(t)
 	in.WaitHeld(t)
