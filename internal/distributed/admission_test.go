@@ -126,15 +126,7 @@ func logFault(t *testing.T, r run, calls []testkit.Call, m marks) {
 	if err := checkFault(r, calls, m); err != nil {
 		t.Error(err)
 	}
-	var during, after []testkit.Call
-	for _, c := range calls {
-		switch {
-		case c.Start > m.healed:
-			after = append(after, c)
-		case c.Start > m.struck && c.Start < m.healing:
-			during = append(during, c)
-		}
-	}
+	during, after := m.split(calls)
 	d, a := count(during), count(after)
 	t.Logf("during the fault (%v): %d calls, %d decided, %d failed; after it: %d calls, %d decided, %d failed",
 		time.Duration(m.healed-m.struck).Round(time.Millisecond), d.calls, d.admitted+d.denied, d.failed, a.calls, a.admitted+a.denied, a.failed)

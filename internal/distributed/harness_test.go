@@ -265,32 +265,43 @@ func execute(t *testing.T, c client, r run, spec testkit.InstanceSpec, before fu
 // not), and over from m.healed: some call started after, and every one of
 // them decided.
 func checkFault(r run, calls []testkit.Call, m marks) error {
-	var during, after, afterFailed int
+	during, after := m.split(calls)
 	var errs []error
-	for _, c := range calls {
-		switch {
-		case c.Start > m.healed:
-			after++
-			if c.Err != "" {
-				afterFailed++
-				if afterFailed <= 3 {
-					errs = append(errs, fmt.Errorf("instance %d, attempt %d, after the fault: %s", c.Instance, c.Attempt, c.Err))
-				}
-			}
-		case c.Start > m.struck && c.Start < m.healing:
-			during++
-			if err := r.fault.during(c, m); err != nil && len(errs) < 3 {
-				errs = append(errs, err)
+	for _, c := range during {
+		if err := r.fault.during(c, m); err != nil && len(errs) < 3 {
+			errs = append(errs, err)
+		}
+	}
+	afterFailed := 0
+	for _, c := range after {
+		if c.Err != "" {
+			afterFailed++
+			if afterFailed <= 3 {
+				errs = append(errs, fmt.Errorf("instance %d, attempt %d, after the fault: %s", c.Instance, c.Attempt, c.Err))
 			}
 		}
 	}
-	if during == 0 {
+	if len(during) == 0 {
 		errs = append(errs, errors.New("no call started while the fault was in place"))
 	}
-	if after == 0 || afterFailed > 0 {
-		errs = append(errs, fmt.Errorf("%d calls started after the fault, %d failed; want some, none failed", after, afterFailed))
+	if len(after) == 0 || afterFailed > 0 {
+		errs = append(errs, fmt.Errorf("%d calls started after the fault, %d failed; want some, none failed", len(after), afterFailed))
 	}
 	return errors.Join(errs...)
+}
+
+// split returns the calls that started while the fault was in place, and
+// those that started once it was over.
+func (m marks) split(calls []testkit.Call) (during, after []testkit.Call) {
+	for _, c := range calls {
+		switch {
+		case c.Start > m.healed:
+			after = append(after, c)
+		case c.Start > m.struck && c.Start < m.healing:
+			during = append(during, c)
+		}
+	}
+	return during, after
 }
 
 func (r run) spec(key string) testkit.InstanceSpec {

@@ -60,7 +60,7 @@ type InstanceSpec struct {
 	// Holds divide the attempts into phases, so that a test can act
 	// between them without racing the calls: at each hold, in order, no
 	// goroutine starts attempt At or a later one until the harness
-	// releases the hold with [Instances.Go]. Once every attempt before At
+	// releases the hold ([Instances.Go], [Instances.Release]). Once every attempt before At
 	// has started (some may still be in flight, until
 	// [Instances.WaitIdle]), the instance reports that it holds, which
 	// [Instances.WaitHeld] waits for. Each At must be after the previous
@@ -385,19 +385,14 @@ func (in *Instances) fail(err error) {
 func (in *Instances) Go(t testing.TB) {
 	t.Helper()
 	for i := range in.procs {
-		in.release(t, i)
+		in.Release(t, i)
 	}
 }
 
 // Release releases instance i alone from its next hold, as Go does, so
-// that it runs its next phase while the others hold.
+// that it runs its next phase while the others hold. A killed instance
+// is left alone.
 func (in *Instances) Release(t testing.TB, i int) {
-	t.Helper()
-	in.release(t, i)
-}
-
-// release releases instance i unless it was killed.
-func (in *Instances) release(t testing.TB, i int) {
 	t.Helper()
 	p := in.procs[i]
 	in.mu.Lock()
@@ -521,7 +516,8 @@ func (in *Instances) waitUntil(t testing.TB, what string, pending func() (string
 // Its calls in flight may have taken effect; Wait returns them with Err
 // [ErrUnreported]. Killing an instance that has already exited is an
 // error in the test's design, not a fault injected: a test must kill an
-// instance that cannot have finished, such as one that holds.
+// instance that cannot have finished, such as one that holds or one whose
+// current phase ends in a hold.
 func (in *Instances) Kill(t testing.TB, i int) {
 	t.Helper()
 	p := in.procs[i]

@@ -163,14 +163,14 @@ func (r *Redis) Pause(t testing.TB) {
 func (r *Redis) Resume(t testing.TB) {
 	t.Helper()
 	r.signal(t, syscall.SIGCONT)
-	answers := func() (bool, error) { return probe(r.Addr(), r.cmd.Process.Pid) == nil, nil }
-	if err := r.waitFor(answers); err != nil {
+	if err := r.waitReady(); err != nil {
 		t.Fatalf("testkit: redis-server %s not answering after SIGCONT: %v", r.Addr(), err)
 	}
 }
 
 // waitFor polls cond until it holds, fails, the server exits, or
-// readyTimeout passes.
+// readyTimeout passes: waitReady's loop, for a condition other than an
+// answer.
 func (r *Redis) waitFor(cond func() (bool, error)) error {
 	deadline := time.Now().Add(readyTimeout)
 	for {

@@ -142,7 +142,6 @@ type gate struct {
 	next     int       // the next attempt to hand out
 	started  int       // the attempts whose start has been reported
 	passed   int       // the holds released so far
-	reported bool      // the current hold has been reported
 }
 
 func newGate(spec testkit.InstanceSpec, held func()) *gate {
@@ -173,8 +172,9 @@ func (g *gate) start(i int) time.Duration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.started++
-	if g.passed < len(g.holds) && g.started == g.holds[g.passed].At && !g.reported {
-		g.reported = true
+	// Once: started grows by one, and no attempt past the hold starts
+	// before its release.
+	if g.passed < len(g.holds) && g.started == g.holds[g.passed].At {
 		g.held()
 	}
 	timeout := g.timeout
@@ -203,7 +203,6 @@ func (g *gate) serve(in *bufio.Reader) {
 		}
 		g.mu.Lock()
 		g.passed++
-		g.reported = false
 		g.released.Broadcast()
 		g.mu.Unlock()
 	}
