@@ -16,9 +16,15 @@ type Backend interface {
 	// config whose [Config.Fingerprint] differs.
 	//
 	// Do must first call [CheckRequest] and return its error, before any
-	// I/O and without changing any state. An error from the store itself
-	// must wrap [ErrBackendUnavailable] or [ErrTimeout]. Do must be safe for
-	// concurrent use and must not keep cfg.Bandwidths after it returns.
+	// I/O and without changing any state. A call whose ctx is already done
+	// must then return ctx's error, taking nothing. An error from the store
+	// itself must wrap [ErrBackendUnavailable] or [ErrTimeout], and an
+	// error about this key alone (a foreign value, a full key cap)
+	// [ErrKeyRejected]. If ctx ends while the call is out, Do returns an
+	// error wrapping ctx.Err() ([context.Canceled] or
+	// [context.DeadlineExceeded]) and neither store sentinel: the caller
+	// gave up, the store did not fail. Do must be safe for concurrent use
+	// and must not keep cfg.Bandwidths after it returns.
 	Do(ctx context.Context, key string, cfg Config, req Request) (Decision, error)
 }
 

@@ -53,7 +53,8 @@ func (b *Bucket) Estimate(ctx context.Context, n int64) (Decision, error) {
 // credit if need be, then sleeps until they are due. If they would be due
 // after ctx's deadline, or further ahead than a bucket may be reserved
 // (about 71 years of refill), it returns [ErrWaitExceedsDeadline] at once,
-// taking nothing; so does a ctx that is already done. If ctx ends during
+// taking nothing. A ctx that is already done returns its error at once,
+// taking nothing. If ctx ends during
 // the sleep, Wait gives the tokens back and returns ctx's error. If it ends
 // while the reservation itself is in flight, the backend may return an
 // error without knowing whether the store made it; Wait then returns that

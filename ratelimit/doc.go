@@ -24,9 +24,29 @@
 // # Errors
 //
 // Errors wrap one of the sentinel values ([ErrInvalidConfig],
-// [ErrInvalidKey], [ErrInvalidRequest], [ErrBackendUnavailable], [ErrTimeout],
-// [ErrWaitExceedsDeadline]); test them with [errors.Is]. Bad input is
-// rejected before any I/O and changes nothing.
+// [ErrInvalidKey], [ErrInvalidRequest], [ErrKeyRejected],
+// [ErrBackendUnavailable], [ErrTimeout], [ErrWaitExceedsDeadline]), or the
+// caller's context error (below); test them with [errors.Is]. (A [Bucket]
+// wraps its config supplier's error as "ratelimit: config supplier: ...",
+// with no sentinel.) Bad input is rejected before any I/O and changes
+// nothing. [ErrKeyRejected] is about one key (it holds a value the limiter
+// did not write, or the store is at its key cap); [ErrBackendUnavailable]
+// and [ErrTimeout] are the store failing, and only they count as failures
+// for a fail policy.
+//
+// A caller's own context is not the store's: a call whose context is
+// already done returns the context's error and takes nothing, and one
+// whose context ends during the call returns an error wrapping ctx.Err()
+// ([context.Canceled] or [context.DeadlineExceeded]) and neither
+// [ErrTimeout] nor [ErrBackendUnavailable]. [ErrTimeout] is the store not
+// answering by a client's own timeout or a fail policy's deadline.
+//
+// Messages read "<sentinel>: <component>: <detail>", then the store's own
+// error, which stays reachable with [errors.Is] and [errors.As]; a caller's
+// context error starts with the context's text:
+//
+//	ratelimit: timeout: sluice/redis: Consume on key "k": read tcp ...: i/o timeout
+//	context canceled: memory: Consume on key "k"
 //
 // # Concurrency
 //

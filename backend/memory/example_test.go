@@ -70,15 +70,15 @@ func ExampleWithMaxKeys() {
 	_, err := limiter.Allow(ctx, "bob", cfg)
 	fmt.Println("bob:", err)
 	fmt.Println("  errors.Is ErrTooManyKeys:", errors.Is(err, memory.ErrTooManyKeys))
-	fmt.Println("  errors.Is ErrBackendUnavailable:", errors.Is(err, ratelimit.ErrBackendUnavailable))
+	fmt.Println("  errors.Is ErrKeyRejected:", errors.Is(err, ratelimit.ErrKeyRejected))
 
 	clock.Advance(time.Second) // alice's bucket is full again and may go
 	d, err = limiter.Allow(ctx, "bob", cfg)
 	fmt.Println("bob, a second later:", d.Allowed, err)
 	// Output:
 	// alice: true
-	// bob: ratelimit: backend unavailable: memory: too many keys
+	// bob: ratelimit: key rejected: memory: too many keys: key "bob" is new, and the Backend holds WithMaxKeys(1) buckets
 	//   errors.Is ErrTooManyKeys: true
-	//   errors.Is ErrBackendUnavailable: true
+	//   errors.Is ErrKeyRejected: true
 	// bob, a second later: true <nil>
 }

@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/ctxerr"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -42,9 +43,9 @@ var (
 	// [WithMaxKeys] buckets and none of them has expired. The Backend never
 	// forgets a bucket before it expires: that would let a client reset its
 	// own limit by flooding the limiter with new keys. It wraps
-	// [ratelimit.ErrBackendUnavailable], so fail policies treat it as a store
-	// that cannot decide.
-	ErrTooManyKeys = fmt.Errorf("%w: memory: too many keys", ratelimit.ErrBackendUnavailable)
+	// [ratelimit.ErrKeyRejected]: the keys already held are decided as
+	// before, so fail policies do not count it as the store failing.
+	ErrTooManyKeys = fmt.Errorf("%w: memory: too many keys", ratelimit.ErrKeyRejected)
 
 	// ErrClosed is returned by calls after [Backend.Close]. It wraps
 	// [ratelimit.ErrBackendUnavailable].
@@ -161,12 +162,17 @@ func shardCount() int {
 // errNoRoom tells Do that a new key met the cap and a sweep may make room.
 var errNoRoom = errors.New("memory: no room")
 
-// Do implements [ratelimit.Backend]. A new bucket keeps key as passed: a
-// key sliced from a large buffer keeps that buffer alive as long as the
+// Do implements [ratelimit.Backend]. It never blocks but on a shard's
+// lock, so it reads ctx once, first: a call whose context is done returns
+// the context's error and takes nothing. A new bucket keeps key as passed:
+// a key sliced from a large buffer keeps that buffer alive as long as the
 // bucket, so pass a copy ([strings.Clone]) of such a key.
-func (m *Backend) Do(_ context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (d ratelimit.Decision, err error) {
+func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (d ratelimit.Decision, err error) {
 	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
 		return d, err
+	}
+	if ctx.Err() != nil {
+		return d, ctxerr.Caller(ctx, fmt.Sprintf("memory: %v on key %q", req.Op, key), nil)
 	}
 	if m.closed.Load() {
 		return d, ErrClosed
@@ -182,7 +188,7 @@ func (m *Backend) Do(_ context.Context, key string, cfg ratelimit.Config, req ra
 		err = m.apply(&d, sh, key, cfg, req, now)
 		sh.mu.Unlock()
 		if err == errNoRoom {
-			err = ErrTooManyKeys
+			err = fmt.Errorf("%w: key %q is new, and the Backend holds WithMaxKeys(%d) buckets", ErrTooManyKeys, key, m.maxKeys)
 		}
 	}
 	return d, err
@@ -205,8 +211,14 @@ func (m *Backend) apply(d *ratelimit.Decision, sh *shard, key string, cfg rateli
 }
 
 // create decides req on an absent bucket, storing it unless it is still the
-// same as absent (full, and no InitialTokens below capacity).
+// same as absent (full, and no InitialTokens below capacity). It reads
+// closed under the shard's lock, which Close takes to empty the shard
+// after setting closed, so that no call racing Close stores a bucket after
+// it.
 func (m *Backend) create(d *ratelimit.Decision, sh *shard, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) error {
+	if m.closed.Load() {
+		return ErrClosed
+	}
 	var fresh entry
 	fresh.state.Bands = fresh.bands[:0]
 	*d = ratelimit.Apply(&fresh.state, cfg, req, now)

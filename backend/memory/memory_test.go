@@ -100,8 +100,8 @@ func TestMaxKeysRefusesNewKeysButNeverForgetsDrainedOnes(t *testing.T) {
 		allow(t, l, "drained")
 	}
 	_, err := l.Allow(context.Background(), "new", tenPerSecond)
-	if !errors.Is(err, memory.ErrTooManyKeys) || !errors.Is(err, ratelimit.ErrBackendUnavailable) {
-		t.Fatalf("Allow on a new key at the cap: err = %v, want ErrTooManyKeys wrapping ErrBackendUnavailable", err)
+	if !errors.Is(err, memory.ErrTooManyKeys) || !errors.Is(err, ratelimit.ErrKeyRejected) || errors.Is(err, ratelimit.ErrBackendUnavailable) {
+		t.Fatalf("Allow on a new key at the cap: err = %v, want ErrTooManyKeys wrapping ErrKeyRejected, not ErrBackendUnavailable", err)
 	}
 	if d := allow(t, l, "drained"); d.Remaining != 5 {
 		t.Fatalf("the drained bucket was forgotten: Remaining = %d, want 5", d.Remaining)

@@ -44,6 +44,12 @@
 //     when cancelled.
 //   - Concurrency: concurrent callers on one key are admitted exactly the
 //     capacity. Run the suite with -race.
+//   - Context: a call whose context is already cancelled or past its
+//     deadline returns an error wrapping the context's, with no decision,
+//     and takes nothing, through Do, a Limiter and a Bucket; calls
+//     cancelled while they run return a decision or the context's error.
+//     Neither error wraps [ratelimit.ErrTimeout] or
+//     [ratelimit.ErrBackendUnavailable].
 //   - Algorithms: every algorithm besides the token bucket: exact counts
 //     per window, the boundary burst a fixed window allows and a sliding log
 //     does not, the sliding counter's weighing, a leaky bucket that never

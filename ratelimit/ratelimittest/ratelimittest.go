@@ -86,6 +86,7 @@ var suite = []group{
 	{"Keys", keyScenarios},
 	{"Wait", waitScenarios},
 	{"Concurrency", concurrencyScenarios},
+	{"Context", contextScenarios},
 	{"Algorithms", algorithmScenarios},
 }
 
