@@ -44,11 +44,13 @@ func Example() {
 }
 
 // Check at start-up: a server that may evict keys would reset limits under
-// memory pressure.
+// memory pressure, and a client that retries or ignores deadlines would
+// charge twice or stall.
 func ExampleBackend_Check() {
 	client := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:      []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"},
-		MaxRetries: -1,
+		Addrs:                 []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"},
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true, // else Check reports that deadlines are ignored
 	})
 	defer client.Close()
 	backend, err := redisbackend.New(client, redisbackend.WithPrefix("rl:"))

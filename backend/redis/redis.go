@@ -27,12 +27,35 @@
 // Give the limiter a client with MaxRetries: -1 (see the example), or
 // accept the double charge; [Backend.Check] reports it.
 //
+// # Deadlines
+//
+// go-redis puts a context's deadline on the socket only if the client has
+// ContextTimeoutEnabled: true. Without it a call ignores the deadline and,
+// when the server stalls, waits out ReadTimeout (5s by default): a
+// decision meant to take a millisecond holds its request for seconds.
+// Give the limiter a client with ContextTimeoutEnabled: true, or one set
+// up by [LowLatency], which also sets the rest of what this package
+// advises; [Backend.Check] reports a client without it.
+//
 // # Errors
 //
-// Do returns errors wrapping [ratelimit.ErrTimeout] for a deadline or
-// network timeout and [ratelimit.ErrBackendUnavailable] for any other
-// failure of the client or the server; the go-redis error stays reachable
-// with errors.Is and errors.As.
+// Do returns errors wrapping [ratelimit.ErrTimeout] when a timeout of the
+// client's own (ReadTimeout, say) ends the call, [ratelimit.ErrKeyRejected]
+// when the key holds a value sluice did not write (another application's, a
+// Redis type no script keeps, or a damaged state; the key is left as it
+// is), and [ratelimit.ErrBackendUnavailable] for any other failure of the
+// client or the server. When the caller's context has ended, the error
+// wraps the context's ([context.Canceled] or [context.DeadlineExceeded])
+// and none of these: the caller gave up, the store did not fail. A call
+// whose context is already done sends nothing; one whose context ends while
+// it is out may still have run the script. go-redis does not end a read
+// when a context without a deadline is cancelled: such a call returns only
+// at ReadTimeout, its error wrapping [context.Canceled].
+//
+// The message names the sentinel, the backend, the op and the key, then
+// the go-redis error, which stays reachable with errors.Is and errors.As:
+//
+//	ratelimit: timeout: sluice/redis: Consume on key "k": read tcp 127.0.0.1:52110->127.0.0.1:6379: i/o timeout
 package redisbackend
 
 import (
@@ -42,6 +65,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/backend/redischeck"
 	"github.com/sluicehq/sluice/internal/redisscript"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -56,18 +80,25 @@ type Backend struct {
 
 var _ ratelimit.Backend = (*Backend)(nil)
 
+// name names the backend in its errors.
+const name = "sluice/redis"
+
 // DefaultPrefix is the key prefix unless [WithPrefix] sets one: none, so
 // that a bucket key is no longer than it must be.
 const DefaultPrefix = ""
 
 // Option configures a [Backend].
-type Option func(*redisscript.Settings)
+type Option func(*options)
+
+// options are what the [Option]s set: the settings both Redis backends
+// take.
+type options struct{ redisscript.Settings }
 
 // WithPrefix puts prefix before every bucket key, to keep sluice's keys
 // apart from others in the same database (and match ACL key patterns). It
 // must not contain '{' or '}'. Every byte of it is stored in every key.
 func WithPrefix(prefix string) Option {
-	return func(s *redisscript.Settings) { s.Prefix = prefix }
+	return func(o *options) { o.Prefix = prefix }
 }
 
 // WithClock makes the script decide on c's time instead of the server's.
@@ -78,24 +109,25 @@ func WithPrefix(prefix string) Option {
 // minute; the expiry kept in each key decides. A nil c keeps the server's
 // clock.
 func WithClock(c ratelimit.Clock) Option {
-	return func(s *redisscript.Settings) { s.Clock = c }
+	return func(o *options) { o.Clock = c }
 }
 
 // New returns a Backend that keeps buckets in Redis through client. It
-// returns an error wrapping [ratelimit.ErrInvalidConfig] for a nil client or
-// a bad option. It does not talk to the server; [Backend.Check] does.
+// returns an error wrapping [ratelimit.ErrInvalidConfig] for a nil client
+// (a nil pointer of a client type too) or a bad option. It does not talk
+// to the server; [Backend.Check] does.
 func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
-	b := &Backend{client: client, settings: redisscript.Settings{Prefix: DefaultPrefix}}
+	o := options{redisscript.Settings{Prefix: DefaultPrefix}}
 	for _, opt := range opts {
-		opt(&b.settings)
+		opt(&o)
 	}
-	if client == nil {
-		return nil, fmt.Errorf("%w: sluice/redis: the client is nil", ratelimit.ErrInvalidConfig)
+	if redisscript.NilClient(client) {
+		return nil, fmt.Errorf("%w: %s: the client is nil", ratelimit.ErrInvalidConfig, name)
 	}
-	if err := b.settings.Check(); err != nil {
+	if err := o.Check(name); err != nil {
 		return nil, err
 	}
-	return b, nil
+	return &Backend{client: client, settings: o.Settings}, nil
 }
 
 // scripts are redisscript.Scripts, ready to run.
@@ -110,39 +142,50 @@ var scripts = func() []*redis.Script {
 // Do applies req to the bucket at key in one script call; see
 // [ratelimit.Backend].
 func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
-	call, err := b.settings.Prepare(key, cfg, req)
+	call, err := b.settings.Prepare(ctx, name, key, cfg, req)
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
 	reply, err := scripts[call.Script].Run(ctx, b.client, []string{call.Key}, call.Arg).Int64Slice()
 	if err != nil {
-		return ratelimit.Decision{}, redisscript.Error(err, fmt.Sprintf("sluice/redis: %v on key %q", req.Op, key))
+		return ratelimit.Decision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
 	}
 	return call.Decision(reply)
 }
 
-// Report is what [Backend.Check] found: each server's version and
-// maxmemory-policy, and every problem in words.
-type Report = redisscript.Report
+// Report is what [Backend.Check] found, a [redischeck.Report]: Servers,
+// every server the client reaches (a [Server] each), and Problems, each
+// setting that can break the limits, in words, with how to fix it. Both
+// Redis backends return this type.
+type Report = redischeck.Report
 
-// Server is one server in a [Report].
-type Server = redisscript.Server
+// Server is one server in a [Report], a [redischeck.Server]: its Addr as
+// the client knows it, and its Version and MaxmemoryPolicy from INFO.
+type Server = redischeck.Server
 
 // ErrUnsafeServer is wrapped by the error [Backend.Check] returns when a
-// setting can break the limits.
-var ErrUnsafeServer = redisscript.ErrUnsafeServer
+// setting can break the limits. It is [redischeck.ErrUnsafeServer].
+var ErrUnsafeServer = redischeck.ErrUnsafeServer
 
 // Check asks every server the client reaches (each shard of a cluster or
 // ring) for its version and maxmemory-policy, loads the script there, and
-// looks at the client's retry setting. It returns the [Report] and, if a
-// setting can break the limits, an error wrapping [ErrUnsafeServer]:
+// looks at the client's retry and deadline settings. It returns the
+// [Report] and, if a setting can break the limits, an error wrapping
+// [ErrUnsafeServer]:
 //
 //   - a maxmemory-policy other than noeviction: Redis may evict bucket keys
 //     under memory pressure, and an evicted bucket starts full again;
-//   - MaxRetries above 0 on the client: see Retries in the package comment.
+//   - MaxRetries above 0 on the client: see Retries in the package comment;
+//   - ContextTimeoutEnabled not set on the client: see Deadlines in the
+//     package comment.
 //
-// An error reaching a server wraps [ratelimit.ErrBackendUnavailable] or
-// [ratelimit.ErrTimeout]. Run Check at start-up and log or refuse the
+// The client's settings are read from a *redis.Client (a failover client
+// is one too), a *redis.ClusterClient or a *redis.Ring; another
+// implementation of redis.UniversalClient has only its servers checked.
+//
+// An error reaching a server wraps [ratelimit.ErrTimeout] or
+// [ratelimit.ErrBackendUnavailable] as in Do, or the context's error if
+// ctx has ended. Run Check at start-up and log or refuse the
 // problems; Do does not call it.
 func (b *Backend) Check(ctx context.Context) (Report, error) {
 	var (
@@ -177,24 +220,41 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 		err = check(ctx, fmt.Sprintf("%T", c), c)
 	}
 	if err != nil {
-		return Report{}, redisscript.Error(err, "sluice/redis: Check")
+		return Report{}, redisscript.Error(ctx, err, name+": Check")
 	}
-	var problems []string
-	if n := maxRetries(b.client); n > 0 {
-		problems = append(problems, fmt.Sprintf("the client retries a command up to %d times after a network error, so a decision whose reply was lost is charged again; set MaxRetries: -1 on the limiter's client", n))
-	}
-	return redisscript.Assess(servers, problems...)
+	return redisscript.Assess(servers, clientProblems(b.client)...)
 }
 
-// maxRetries is the client's retry count, or 0 if it cannot be told.
-func maxRetries(c redis.UniversalClient) int {
+// clientProblems are the settings of c that can break the limits, in words
+// with how to fix them; none if c's settings cannot be told.
+func clientProblems(c redis.UniversalClient) []string {
+	var (
+		maxRetries     int
+		contextTimeout bool
+		fix            string // how to turn ContextTimeoutEnabled on
+	)
 	switch c := c.(type) {
 	case *redis.Client:
-		return c.Options().MaxRetries
+		o := c.Options()
+		maxRetries, contextTimeout = o.MaxRetries, o.ContextTimeoutEnabled
+		fix = "set ContextTimeoutEnabled: true on the limiter's client, or build its options with LowLatency (LowLatencyFailover for a failover client)"
 	case *redis.ClusterClient:
-		return c.Options().MaxRetries
+		o := c.Options()
+		maxRetries, contextTimeout = o.MaxRetries, o.ContextTimeoutEnabled
+		fix = "set ContextTimeoutEnabled: true on the limiter's client, or build its options with LowLatencyCluster"
 	case *redis.Ring:
-		return c.Options().MaxRetries
+		o := c.Options()
+		maxRetries, contextTimeout = o.MaxRetries, o.ContextTimeoutEnabled
+		fix = "set ContextTimeoutEnabled: true in the limiter's RingOptions"
+	default:
+		return nil
 	}
-	return 0
+	var problems []string
+	if maxRetries > 0 {
+		problems = append(problems, fmt.Sprintf("the client retries a command up to %d times after a network error, so a decision whose reply was lost is charged again; set MaxRetries: -1 on the limiter's client", maxRetries))
+	}
+	if !contextTimeout {
+		problems = append(problems, "the client has ContextTimeoutEnabled off, so a call ignores its context's deadline and, when the server stalls, waits out ReadTimeout (5s by default) instead of failing at the deadline; "+fix)
+	}
+	return problems
 }

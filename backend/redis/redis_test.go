@@ -59,7 +59,11 @@ func TestNewErrors(t *testing.T) {
 		opts   []redisbackend.Option
 		want   string
 	}{
-		{"nil client", nil, nil, "client is nil"},
+		{"nil client", nil, nil, "sluice/redis: the client is nil"},
+		// Typed nils: the interface is not nil, the client is.
+		{"nil *redis.Client", (*redis.Client)(nil), nil, "sluice/redis: the client is nil"},
+		{"nil *redis.ClusterClient", (*redis.ClusterClient)(nil), nil, "sluice/redis: the client is nil"},
+		{"nil *redis.Ring", (*redis.Ring)(nil), nil, "sluice/redis: the client is nil"},
 		{"brace in prefix", c, []redisbackend.Option{redisbackend.WithPrefix("rl:{x}:")}, "prefix"},
 	} {
 		b, err := redisbackend.New(tc.client, tc.opts...)
@@ -73,7 +77,7 @@ func TestNewErrors(t *testing.T) {
 // retries is reported, since a retried decision is charged twice.
 func TestCheckRetriesIntegration(t *testing.T) {
 	addr, _ := testkit.StandaloneAddr(t)
-	c := redis.NewClient(&redis.Options{Addr: addr})
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	defer c.Close()
 	b, err := redisbackend.New(c)
 	if err != nil {
@@ -82,5 +86,56 @@ func TestCheckRetriesIntegration(t *testing.T) {
 	report, err := b.Check(context.Background())
 	if !errors.Is(err, redisbackend.ErrUnsafeServer) || len(report.Problems) != 1 || !strings.Contains(report.Problems[0], "MaxRetries: -1") {
 		t.Fatalf("Check with default retries: %+v, %v; want the retries reported", report, err)
+	}
+}
+
+// TestCheckContextTimeoutIntegration: a client without
+// ContextTimeoutEnabled is reported, plain, cluster or ring (a failover
+// client is a *redis.Client), since its calls ignore their context's
+// deadline and wait out ReadTimeout on a stalled server.
+func TestCheckContextTimeoutIntegration(t *testing.T) {
+	addr, _ := testkit.StandaloneAddr(t)
+	cluster := testkit.StartCluster(t)
+	for _, tc := range []struct {
+		name string
+		fix  string // the LowLatency function the problem names, if any
+		new  func(contextTimeout bool) redis.UniversalClient
+	}{
+		{"Client", "LowLatency", func(on bool) redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: on})
+		}},
+		{"ClusterClient", "LowLatencyCluster", func(on bool) redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), MaxRetries: -1, ContextTimeoutEnabled: on})
+		}},
+		{"Ring", "", func(on bool) redis.UniversalClient {
+			return redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr}, MaxRetries: -1, ContextTimeoutEnabled: on})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, on := range []bool{false, true} {
+				c := tc.new(on)
+				defer c.Close()
+				b, err := redisbackend.New(c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				report, err := b.Check(context.Background())
+				if on {
+					if err != nil || len(report.Problems) != 0 {
+						t.Errorf("Check with ContextTimeoutEnabled: %+v, %v; want no problem", report, err)
+					}
+					continue
+				}
+				if !errors.Is(err, redisbackend.ErrUnsafeServer) || len(report.Problems) != 1 {
+					t.Fatalf("Check without ContextTimeoutEnabled: %+v, %v; want one problem", report, err)
+				}
+				p := report.Problems[0]
+				for _, want := range []string{"deadline", "ReadTimeout", "ContextTimeoutEnabled: true", tc.fix} {
+					if !strings.Contains(p, want) || !strings.Contains(err.Error(), want) {
+						t.Errorf("Check without ContextTimeoutEnabled: problem %q, error %q; want both to say %q", p, err, want)
+					}
+				}
+			}
+		})
 	}
 }

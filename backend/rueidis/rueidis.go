@@ -23,10 +23,22 @@
 //
 // # Errors
 //
-// Do returns errors wrapping [ratelimit.ErrTimeout] for a deadline or
-// network timeout and [ratelimit.ErrBackendUnavailable] for any other
-// failure of the client or the server; the rueidis error stays reachable
-// with errors.Is and errors.As.
+// Do returns errors wrapping [ratelimit.ErrTimeout] when a timeout of the
+// client's own (ConnWriteTimeout, say) ends the call,
+// [ratelimit.ErrKeyRejected] when the key holds a value sluice did not
+// write (another application's, a Redis type no script keeps, or a damaged
+// state; the key is left as it is), and [ratelimit.ErrBackendUnavailable]
+// for any other failure of the client or the server. When the caller's
+// context has ended, the error wraps the context's ([context.Canceled] or
+// [context.DeadlineExceeded]) and none of these: the caller gave up, the
+// store did not fail. A call whose context is already done sends nothing;
+// one whose context ends while it is out may still have run the script.
+// rueidis returns at the cancel.
+//
+// The message names the sentinel, the backend, the op and the key, then
+// the rueidis error, which stays reachable with errors.Is and errors.As:
+//
+//	ratelimit: key rejected: sluice/rueidis: Consume on key "k": sluice: key {k} holds a value sluice did not write
 package rueidisbackend
 
 import (
@@ -35,6 +47,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluicehq/sluice/backend/redischeck"
 	"github.com/sluicehq/sluice/internal/redisscript"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -49,19 +62,26 @@ type Backend struct {
 
 var _ ratelimit.Backend = (*Backend)(nil)
 
+// name names the backend in its errors.
+const name = "sluice/rueidis"
+
 // DefaultPrefix is the key prefix unless [WithPrefix] sets one: none, so
 // that a bucket key is no longer than it must be.
 const DefaultPrefix = ""
 
 // Option configures a [Backend].
-type Option func(*redisscript.Settings)
+type Option func(*options)
+
+// options are what the [Option]s set: the settings both Redis backends
+// take.
+type options struct{ redisscript.Settings }
 
 // WithPrefix puts prefix before every bucket key, to keep sluice's keys
 // apart from others in the same database (and match ACL key patterns). It
 // must not contain '{' or '}'. Every byte of it is stored in every key.
 // Processes sharing buckets must use the same prefix.
 func WithPrefix(prefix string) Option {
-	return func(s *redisscript.Settings) { s.Prefix = prefix }
+	return func(o *options) { o.Prefix = prefix }
 }
 
 // WithClock makes the script decide on c's time instead of the server's.
@@ -72,24 +92,25 @@ func WithPrefix(prefix string) Option {
 // minute; the expiry kept in each key decides. A nil c keeps the server's
 // clock.
 func WithClock(c ratelimit.Clock) Option {
-	return func(s *redisscript.Settings) { s.Clock = c }
+	return func(o *options) { o.Clock = c }
 }
 
 // New returns a Backend that keeps buckets in Redis through client. It
-// returns an error wrapping [ratelimit.ErrInvalidConfig] for a nil client or
-// a bad option. It does not talk to the server; [Backend.Check] does.
+// returns an error wrapping [ratelimit.ErrInvalidConfig] for a nil client
+// (a nil pointer of a client type too) or a bad option. It does not talk
+// to the server; [Backend.Check] does.
 func New(client rueidis.Client, opts ...Option) (*Backend, error) {
-	b := &Backend{client: client, settings: redisscript.Settings{Prefix: DefaultPrefix}}
+	o := options{redisscript.Settings{Prefix: DefaultPrefix}}
 	for _, opt := range opts {
-		opt(&b.settings)
+		opt(&o)
 	}
-	if client == nil {
-		return nil, fmt.Errorf("%w: sluice/rueidis: the client is nil", ratelimit.ErrInvalidConfig)
+	if redisscript.NilClient(client) {
+		return nil, fmt.Errorf("%w: %s: the client is nil", ratelimit.ErrInvalidConfig, name)
 	}
-	if err := b.settings.Check(); err != nil {
+	if err := o.Check(name); err != nil {
 		return nil, err
 	}
-	return b, nil
+	return &Backend{client: client, settings: o.Settings}, nil
 }
 
 // scripts are redisscript.Scripts, ready to run.
@@ -104,27 +125,30 @@ var scripts = func() []*rueidis.Lua {
 // Do applies req to the bucket at key in one script call; see
 // [ratelimit.Backend].
 func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
-	call, err := b.settings.Prepare(key, cfg, req)
+	call, err := b.settings.Prepare(ctx, name, key, cfg, req)
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
 	reply, err := scripts[call.Script].Exec(ctx, b.client, []string{call.Key}, []string{call.Arg}).AsIntSlice()
 	if err != nil {
-		return ratelimit.Decision{}, redisscript.Error(err, fmt.Sprintf("sluice/rueidis: %v on key %q", req.Op, key))
+		return ratelimit.Decision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
 	}
 	return call.Decision(reply)
 }
 
-// Report is what [Backend.Check] found: each server's version and
-// maxmemory-policy, and every problem in words.
-type Report = redisscript.Report
+// Report is what [Backend.Check] found, a [redischeck.Report]: Servers,
+// every server the client reaches (a [Server] each), and Problems, each
+// setting that can break the limits, in words, with how to fix it. Both
+// Redis backends return this type.
+type Report = redischeck.Report
 
-// Server is one server in a [Report].
-type Server = redisscript.Server
+// Server is one server in a [Report], a [redischeck.Server]: its Addr as
+// the client knows it, and its Version and MaxmemoryPolicy from INFO.
+type Server = redischeck.Server
 
 // ErrUnsafeServer is wrapped by the error [Backend.Check] returns when a
-// setting can break the limits.
-var ErrUnsafeServer = redisscript.ErrUnsafeServer
+// setting can break the limits. It is [redischeck.ErrUnsafeServer].
+var ErrUnsafeServer = redischeck.ErrUnsafeServer
 
 // Check asks every server the client reaches (each node of a cluster) for
 // its version and maxmemory-policy, and loads the script there. It returns
@@ -132,8 +156,9 @@ var ErrUnsafeServer = redisscript.ErrUnsafeServer
 // may then evict bucket keys under memory pressure, and an evicted bucket
 // starts full again), an error wrapping [ErrUnsafeServer].
 //
-// An error reaching a server wraps [ratelimit.ErrBackendUnavailable] or
-// [ratelimit.ErrTimeout]. Run Check at start-up and log or refuse the
+// An error reaching a server wraps [ratelimit.ErrTimeout] or
+// [ratelimit.ErrBackendUnavailable] as in Do, or the context's error if
+// ctx has ended. Run Check at start-up and log or refuse the
 // problems; Do does not call it.
 func (b *Backend) Check(ctx context.Context) (Report, error) {
 	var servers []Server
@@ -145,7 +170,7 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 			}
 		}
 		if err != nil {
-			return Report{}, redisscript.Error(fmt.Errorf("%s: %w", addr, err), "sluice/rueidis: Check")
+			return Report{}, redisscript.Error(ctx, fmt.Errorf("%s: %w", addr, err), name+": Check")
 		}
 		servers = append(servers, redisscript.ParseInfo(addr, info))
 	}

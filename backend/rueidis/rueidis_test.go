@@ -78,9 +78,21 @@ func TestSharedBucketIntegration(t *testing.T) {
 	}
 }
 
+// wrapped is a rueidis.Client of the caller's own, as a decorator would be.
+type wrapped struct{ rueidis.Client }
+
 func TestNewErrors(t *testing.T) {
-	if b, err := rueidisbackend.New(nil); b != nil || !errors.Is(err, ratelimit.ErrInvalidConfig) || !strings.Contains(err.Error(), "client is nil") {
-		t.Errorf("New(nil): %v, %v; want ErrInvalidConfig", b, err)
+	for _, tc := range []struct {
+		name   string
+		client rueidis.Client
+	}{
+		{"nil", nil},
+		// A typed nil: the interface is not nil, the client is.
+		{"a nil *wrapped", (*wrapped)(nil)},
+	} {
+		if b, err := rueidisbackend.New(tc.client); b != nil || !errors.Is(err, ratelimit.ErrInvalidConfig) || !strings.Contains(err.Error(), "sluice/rueidis: the client is nil") {
+			t.Errorf("New(%s): %v, %v; want ErrInvalidConfig saying the client is nil", tc.name, b, err)
+		}
 	}
 	addr, _ := testkit.StandaloneAddr(t)
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true})

@@ -1,12 +1,14 @@
 package redisscript
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/ctxerr"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -120,23 +122,32 @@ type Settings struct {
 }
 
 // Check validates the settings, with an error wrapping
-// [ratelimit.ErrInvalidConfig].
-func (s Settings) Check() error {
+// [ratelimit.ErrInvalidConfig]; backend names the backend in it.
+func (s Settings) Check(backend string) error {
 	if strings.ContainsAny(s.Prefix, "{}") {
-		return fmt.Errorf("%w: key prefix %q must not contain '{' or '}': the bucket's hash tag follows it", ratelimit.ErrInvalidConfig, s.Prefix)
+		return fmt.Errorf("%w: %s: the WithPrefix key prefix %q must not contain '{' or '}': the bucket's hash tag follows it", ratelimit.ErrInvalidConfig, backend, s.Prefix)
 	}
 	return nil
 }
 
 // Prepare validates a call with [ratelimit.CheckRequest], before any I/O,
-// and packs it on the settings' clock.
-func (s Settings) Prepare(key string, cfg ratelimit.Config, req ratelimit.Request) (Call, error) {
+// refuses it if ctx is already done, so that it takes nothing, and packs
+// it on the settings' clock. backend names the backend in errors.
+func (s Settings) Prepare(ctx context.Context, backend, key string, cfg ratelimit.Config, req ratelimit.Request) (Call, error) {
 	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
 		return Call{}, err
+	}
+	if ctx.Err() != nil {
+		return Call{}, ctxerr.Caller(ctx, What(backend, req.Op, key), nil)
 	}
 	now := int64(ServerClock)
 	if s.Clock != nil {
 		now = s.Clock.Now().UnixMicro()
 	}
 	return NewCall(s.Prefix, key, cfg, req, now), nil
+}
+
+// What names a call in its errors: `sluice/redis: Consume on key "k"`.
+func What(backend string, op ratelimit.Op, key string) string {
+	return fmt.Sprintf("%s: %v on key %q", backend, op, key)
 }

@@ -1,37 +1,23 @@
 package redisscript
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/sluicehq/sluice/backend/redischeck"
 )
 
-// ErrUnsafeServer is the error Check returns when a setting would break
-// the limits: wrapped with what was found and how to fix it.
-var ErrUnsafeServer = errors.New("sluice: unsafe Redis setting")
+// ErrUnsafeServer is [redischeck.ErrUnsafeServer], which Assess wraps.
+var ErrUnsafeServer = redischeck.ErrUnsafeServer
 
-// Report is what a backend's Check found.
-type Report struct {
-	// Servers lists every server the client reaches (in a cluster, every
-	// master and replica), by address.
-	Servers []Server
-	// Problems lists, in words, each setting that can break the limits;
-	// Check's error holds the same. Empty when all is well.
-	Problems []string
-}
-
-// Server is one server as Check saw it.
-type Server struct {
-	// Addr is the server's address as the client knows it.
-	Addr string
-	// Version is redis_version from INFO.
-	Version string
-	// MaxmemoryPolicy is maxmemory_policy from INFO: only noeviction keeps
-	// buckets safe, because every bucket key has a TTL and the volatile-*
-	// policies evict such keys as readily as the allkeys-* ones do.
-	MaxmemoryPolicy string
-}
+// Report and Server are what a backend's Check returns. They are declared
+// once, in the public package backend/redischeck, which imports neither
+// client: both backends return them, and go doc shows users their fields.
+type (
+	Report = redischeck.Report
+	Server = redischeck.Server
+)
 
 // ParseInfo reads the fields of a Server from the reply to INFO.
 func ParseInfo(addr, info string) Server {

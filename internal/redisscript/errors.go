@@ -5,21 +5,41 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 
+	"github.com/sluicehq/sluice/internal/ctxerr"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
+// The scripts' replies for a key they will not touch (see readState in
+// prelude.lua): Error tells them by these words, which the scripts must
+// keep (TestKeyErrorWords checks that they do), and by Redis's WRONGTYPE,
+// for a key of a type no script keeps.
+const (
+	foreignWords = "holds a value sluice did not write"
+	corruptWords = "sluice: corrupt state at key"
+)
+
 // Error wraps err, which a client returned, as the [ratelimit.Backend]
-// contract asks: a deadline or network timeout wraps [ratelimit.ErrTimeout],
-// anything else [ratelimit.ErrBackendUnavailable]. err stays reachable with
-// errors.Is and errors.As. what prefixes the message ("sluice/redis:
+// contract asks, as "<sentinel>: <what>: <err>": if ctx is done, the
+// caller gave up, and the error wraps ctx's (see [ctxerr.Caller]);
+// otherwise a script's refusal of the key wraps [ratelimit.ErrKeyRejected],
+// a deadline or network timeout [ratelimit.ErrTimeout], and anything else
+// [ratelimit.ErrBackendUnavailable]. err stays reachable with errors.Is
+// and errors.As. what names the backend, op and key ("sluice/redis:
 // Consume on key \"k\"").
-func Error(err error, what string) error {
+func Error(ctx context.Context, err error, what string) error {
+	if ctxerr.Done(ctx) != nil {
+		return ctxerr.Caller(ctx, what, err)
+	}
 	kind := ratelimit.ErrBackendUnavailable
-	if isTimeout(err) {
+	switch msg := err.Error(); {
+	case strings.Contains(msg, foreignWords), strings.Contains(msg, corruptWords), strings.HasPrefix(msg, "WRONGTYPE"):
+		kind = ratelimit.ErrKeyRejected
+	case isTimeout(err):
 		kind = ratelimit.ErrTimeout
 	}
-	return fmt.Errorf("%s: %w: %w", what, kind, err)
+	return fmt.Errorf("%w: %s: %w", kind, what, err)
 }
 
 func isTimeout(err error) bool {

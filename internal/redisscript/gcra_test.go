@@ -154,11 +154,12 @@ func gcraRequest(i int, alg ratelimit.Algorithm) ratelimit.Request {
 
 // TestGCRAScriptGarbageState stores random values where a GCRA or leaky
 // bucket lives: most shaped like its state, some of those damaged, and
-// some another algorithm's (a token bucket's, the other one of the two's,
-// a sliding log's sorted set), well formed or not. The script must call
-// its own damaged values corrupt or read them as a state, start afresh on
-// another algorithm's well-formed state and refuse anything else, never
-// fail inside Lua, and what it writes back must decode.
+// some another algorithm's (a token bucket's, the other one of the two's),
+// well formed or not, and some sorted sets that are no sliding log's. The
+// script must call its own damaged values corrupt or read them as a
+// state, start afresh on another algorithm's well-formed state and refuse
+// anything else, never fail inside Lua, and what it writes back must
+// decode.
 func TestGCRAScriptGarbageState(t *testing.T) {
 	c := newClient(t)
 	ctx := context.Background()
@@ -177,8 +178,8 @@ func TestGCRAScriptGarbageState(t *testing.T) {
 		other := i%7 == 0
 		switch {
 		case other && i%3 == 0:
-			// A sliding log's, with its state member "", or a set that
-			// is not.
+			// No sliding log's, though one has a member "" as a log
+			// does: refused.
 			c.ZAdd(ctx, call.Key, redis.Z{Score: 1, Member: []string{"", "x"}[r.IntN(2)]})
 		case other:
 			// A token bucket's value, or the other one of the two's.

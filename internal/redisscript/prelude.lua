@@ -151,6 +151,28 @@ local function corrupt()
   return redis.error_reply('sluice: corrupt state at key ' .. KEYS[1])
 end
 
+local function notSluice()
+  return redis.error_reply('sluice: key ' .. KEYS[1] .. ' holds a value sluice did not write')
+end
+
+-- logStateScore reports whether s, a score as ZRANGE gives it, is one the
+-- sliding log gives a state member: -1 - x for a whole x in [0, 2^53).
+local function logStateScore(s)
+  local x = -1 - (tonumber(s) or 0)
+  return x >= 0 and x < SATURATED and x % 1 == 0
+end
+
+-- slidingLog reports whether head, the first two members of a sorted set
+-- with their scores (ZRANGE 0 1 WITHSCORES), are the state members that
+-- slidinglog.lua keeps ahead of its tokens: '' and an 8-byte fingerprint,
+-- in either order, each scored as logStateScore says. Any other sorted set
+-- is no sliding log's, whether or not it holds a member ''.
+local function slidingLog(head)
+  local a, b = head[1], head[3]
+  return b ~= nil and (a == '' and #b == 8 or b == '' and #a == 8) and
+    logStateScore(head[2]) and logStateScore(head[4])
+end
+
 -- sluiceState reports whether v is shaped like a state that some sluice
 -- script keeps in a string.
 local function sluiceState(v)
@@ -160,15 +182,18 @@ end
 
 -- readState reads the bucket's string: it returns the value, the
 -- bandwidth count, fingerprint, expiry and fields decoded from it; false
--- when the key is absent or holds another algorithm's state; or nil and the
--- error to reply, for a value sluice did not write.
+-- when the key is absent or holds another algorithm's state (a sliding
+-- log's sorted set included); or nil and the error to reply, for a value
+-- sluice did not write.
 local function readState()
   -- pcall: a sliding log's key holds a sorted set, and GET on it fails.
   local v = redis.pcall('GET', KEYS[1])
   if type(v) == 'table' then
-    -- A sorted set is the sliding log's if it has its state member, ''.
-    if string.find(v.err, '^WRONGTYPE') and redis.call('TYPE', KEYS[1]).ok == 'zset' and redis.call('ZSCORE', KEYS[1], '') then
-      return false
+    if string.find(v.err, '^WRONGTYPE') and redis.call('TYPE', KEYS[1]).ok == 'zset' then
+      if slidingLog(redis.call('ZRANGE', KEYS[1], 0, 1, 'WITHSCORES')) then
+        return false
+      end
+      return nil, notSluice()
     end
     return nil, v
   elseif not v then
@@ -184,7 +209,7 @@ local function readState()
   elseif sluiceState(v) then
     return false -- another algorithm's: start afresh
   end
-  return nil, redis.error_reply('sluice: key ' .. KEYS[1] .. ' holds a value sluice did not write')
+  return nil, notSluice()
 end
 
 -- store writes the state v (from encodeState) to expire at expiry, or

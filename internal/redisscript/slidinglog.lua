@@ -12,6 +12,9 @@
 --     -1 - expiry (µs);
 --   - the empty string, scored -1 - (length + 65536 × serial): the tokens
 --     held and the member the next token gets.
+-- These two are how every script tells a log (slidingLog in prelude.lua):
+-- a sorted set whose first two members are not they is no log, and is
+-- refused and left alone, as any value sluice did not write.
 -- A token's member is a serial number (ZADD writes it in decimal): unique
 -- however many tokens share a microsecond, and small. When the serial
 -- would pass SPAN, the tokens are renumbered from 0 in time order, at most
@@ -69,25 +72,19 @@ if head.err then
   end
   local v = redis.pcall('GET', key)
   if type(v) ~= 'string' or not sluiceState(v) then
-    return redis.error_reply('sluice: key ' .. key .. ' holds a value sluice did not write')
+    return notSluice()
   end
   foreign = true
 elseif #head > 0 then
-  local fpScore, packedScore
-  for j = 1, 3, 2 do
-    local name = head[j]
-    if name == '' then
-      packedScore = tonumber(head[j + 1])
-    elseif name and #name == 8 then
-      oldFp, fpScore = name, tonumber(head[j + 1])
-    end
+  -- A sorted set without the state members is not a log, damaged or not:
+  -- it is refused and left alone, as any value sluice did not write.
+  if not slidingLog(head) then
+    return notSluice()
   end
-  if not fpScore or not packedScore then
-    return corrupt()
-  end
-  exp, packed = -1 - fpScore, -1 - packedScore
+  local j = head[1] == '' and 1 or 3 -- head[j] is '', head[4 - j] the fingerprint
+  oldFp, exp, packed = head[4 - j], -1 - tonumber(head[5 - j]), -1 - tonumber(head[j + 1])
   oldest = head[6] and tonumber(head[6])
-  if not whole(exp) or not whole(packed) or not oldest or not whole(oldest) then
+  if not oldest or not whole(oldest) then
     return corrupt()
   end
   length = packed % LENGTH

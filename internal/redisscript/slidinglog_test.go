@@ -284,8 +284,10 @@ func TestLogScriptOtherValues(t *testing.T) {
 // TestLogScriptGarbage damages logs the script wrote, in every way a
 // sorted set allows (state members lost, renamed or scored anything,
 // tokens scored below zero, between microseconds or at infinity, members
-// added): the script must call the log corrupt or decide on it, never fail
-// inside Lua, and what it leaves must be a log it reads again.
+// added): the script must call the log corrupt or decide on it, or, once
+// the state members are damaged, refuse the set as no log's and leave it
+// as it was; it must never fail inside Lua, and what it leaves must be a
+// log it reads again.
 func TestLogScriptGarbage(t *testing.T) {
 	c := newClient(t)
 	ctx := context.Background()
@@ -295,7 +297,7 @@ func TestLogScriptGarbage(t *testing.T) {
 	scores := []float64{math.Inf(1), math.Inf(-1), -1, -0.5, 0, 0.5, 1 << 53, 1 << 60, -(1 << 53), 1_700_000_000_000_050, -1_700_000_000_000_101}
 	r := rand.New(rand.NewPCG(3, 4))
 	now := int64(1_700_000_000_000_000)
-	corrupt, decided := 0, 0
+	corrupt, refused, decided := 0, 0, 0
 	for i := range 1500 {
 		key := fmt.Sprintf("log:garbage:%d", i)
 		call := redisscript.NewCall("", key, cfg, ratelimit.Request{Tokens: 1 + r.Int64N(3)}, now)
@@ -328,12 +330,20 @@ func TestLogScriptGarbage(t *testing.T) {
 			{Op: ratelimit.Replace, Strategy: ratelimit.AsIs},
 		} {
 			call := redisscript.NewCall("", key, cfg, req, now+r.Int64N(150))
+			before := c.ZRangeWithScores(ctx, call.Key, 0, -1).Val()
 			reply, err := logScript.Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
 			if err != nil {
-				if !strings.Contains(err.Error(), "sluice: corrupt state") {
-					t.Fatalf("%v on %v: %v; want a corrupt-state error or a decision", req, zs, err)
+				switch {
+				case strings.Contains(err.Error(), "sluice: corrupt state"):
+					corrupt++
+				case strings.Contains(err.Error(), "sluice did not write"):
+					if after := c.ZRangeWithScores(ctx, call.Key, 0, -1).Val(); !slices.Equal(after, before) {
+						t.Fatalf("%v on %v refused it, and left %v", req, before, after)
+					}
+					refused++
+				default:
+					t.Fatalf("%v on %v: %v; want a corrupt-state or foreign-value error, or a decision", req, before, err)
 				}
-				corrupt++
 				break
 			}
 			if _, err := call.Decision(reply); err != nil && !strings.Contains(err.Error(), "not a decision") {
@@ -342,9 +352,9 @@ func TestLogScriptGarbage(t *testing.T) {
 			decided++
 		}
 	}
-	t.Logf("damaged logs: %d calls called them corrupt, %d decided", corrupt, decided)
-	if corrupt == 0 || decided == 0 {
-		t.Errorf("want both outcomes")
+	t.Logf("damaged logs: %d calls called them corrupt, %d refused them as no log's, %d decided", corrupt, refused, decided)
+	if corrupt == 0 || refused == 0 || decided == 0 {
+		t.Errorf("want every outcome")
 	}
 }
 

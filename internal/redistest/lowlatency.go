@@ -67,10 +67,11 @@ type LowLatencyAdapter struct {
 
 // LowLatency tests a client set up with a library's LowLatency helpers on
 // servers that stall and die: calls return within a.StallBound, with or
-// without a deadline, are never sent twice, and succeed again once the
-// server is back. It runs four groups as parallel subtests: Deadline,
-// Backstop and NoRetry for each of a.Kinds, and Killed for the first
-// standalone kind.
+// without a deadline, are never sent twice, end with the caller's error
+// when the caller cancels, and succeed again once the server is back. It
+// runs five groups as parallel subtests: Deadline, Backstop, NoRetry and
+// Cancelled for each of a.Kinds, and Killed for the first standalone
+// kind.
 func LowLatency(t *testing.T, a LowLatencyAdapter) {
 	i := slices.IndexFunc(a.Kinds, func(k LowLatencyKind) bool { return k.Topology == Standalone })
 	if a.Backend == nil || i < 0 || a.StallBound <= 0 || a.WantDeadline == "" || a.WantBackstop == "" {
@@ -87,6 +88,10 @@ func LowLatency(t *testing.T, a LowLatencyAdapter) {
 	t.Run("NoRetry", func(t *testing.T) {
 		t.Parallel()
 		testNoRetry(t, a)
+	})
+	t.Run("Cancelled", func(t *testing.T) {
+		t.Parallel()
+		testCancelled(t, a)
 	})
 	t.Run("Killed", func(t *testing.T) {
 		t.Parallel()
@@ -134,7 +139,10 @@ var lowCfg = ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHou
 var takeOne = ratelimit.Request{Tokens: 1}
 
 // testPaused: on a paused server a call with the given timeout (0: none),
-// described by call, returns ErrTimeout within a.StallBound, as want says.
+// described by call, returns within a.StallBound, as want says: with a
+// timeout, the caller's, an error wrapping context.DeadlineExceeded and
+// not ErrTimeout (the caller's deadline is not the store's failure);
+// without one, the client's own timeout, ErrTimeout.
 // Once the server resumes, it runs the call, which queued up, and the
 // next call succeeds, on a new connection if the old one was closed. The
 // server is paused before the call is sent, and stays paused until the
@@ -150,7 +158,10 @@ func testPaused(t *testing.T, a LowLatencyAdapter, timeout time.Duration, call, 
 			cancel()
 			resume(t, s.nodes)
 			t.Logf("%s on a paused server returned after %v: %v", call, elapsed, err)
-			if !errors.Is(err, ratelimit.ErrTimeout) {
+			switch {
+			case timeout > 0 && (!errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ratelimit.ErrTimeout)):
+				t.Errorf("Do on a paused server: %v; want the caller's context.DeadlineExceeded, not ErrTimeout", err)
+			case timeout == 0 && !errors.Is(err, ratelimit.ErrTimeout):
 				t.Errorf("Do on a paused server: %v; want ErrTimeout", err)
 			}
 			if elapsed > a.StallBound {
@@ -160,6 +171,77 @@ func testPaused(t *testing.T, a LowLatencyAdapter, timeout time.Duration, call, 
 				t.Errorf("Do after the server resumed: %v", err)
 			}
 		})
+	}
+}
+
+// testCancelled: a call whose caller cancels its context (one without a
+// deadline) while the script's reply is held back returns an error
+// wrapping context.Canceled and neither store sentinel, within
+// a.StallBound. The cancel comes once the proxy has seen the script, so
+// the call is in flight, whoever is faster.
+func testCancelled(t *testing.T, a LowLatencyAdapter) {
+	for _, kind := range a.Kinds {
+		t.Run(kind.Name, func(t *testing.T) {
+			t.Parallel()
+			b, s := connected(t, a, kind, true)
+			s.stallScripts()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			type outcome struct {
+				err     error
+				elapsed time.Duration
+			}
+			done := make(chan outcome, 1)
+			go func() {
+				_, elapsed, err := timed(ctx, b, "k")
+				done <- outcome{err, elapsed}
+			}()
+			for deadline := time.Now().Add(10 * time.Second); s.scriptsSent() == 0; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the call's script did not reach the proxy within 10s")
+				}
+			}
+			cancelled := time.Now()
+			cancel()
+			o := <-done
+			s.releaseScripts()
+			t.Logf("a call cancelled while its script's reply was held back returned %v after the cancel: %v", time.Since(cancelled), o.err)
+			if !errors.Is(o.err, context.Canceled) || errors.Is(o.err, ratelimit.ErrTimeout) || errors.Is(o.err, ratelimit.ErrBackendUnavailable) {
+				t.Errorf("Do cancelled in flight: %v; want context.Canceled, and no store sentinel", o.err)
+			}
+			if o.elapsed > a.StallBound {
+				t.Errorf("Do cancelled in flight returned after %v; want within %v", o.elapsed, a.StallBound)
+			}
+			if _, err := retake(context.Background(), b); err != nil {
+				t.Errorf("Do after the stall: %v", err)
+			}
+		})
+	}
+}
+
+// stallScripts makes every proxy of s hold back the replies to scripts
+// from the next one sent on; see [testkit.Proxy.StallAfter].
+func (s Servers) stallScripts() {
+	for _, p := range s.proxies {
+		p.StallAfter("EVAL", "FCALL")
+	}
+}
+
+// scriptsSent is how many scripts the proxies of s have passed on since
+// stallScripts.
+func (s Servers) scriptsSent() int {
+	n := 0
+	for _, p := range s.proxies {
+		n += p.Marked()
+	}
+	return n
+}
+
+// releaseScripts sends the replies the proxies of s hold back, and lets
+// the next ones through.
+func (s Servers) releaseScripts() {
+	for _, p := range s.proxies {
+		p.Release()
 	}
 }
 
@@ -176,15 +258,10 @@ func testNoRetry(t *testing.T, a LowLatencyAdapter) {
 		t.Run(kind.Name, func(t *testing.T) {
 			t.Parallel()
 			b, s := connected(t, a, kind, true)
-			for _, p := range s.proxies {
-				p.StallAfter("EVAL", "FCALL")
-			}
+			s.stallScripts()
 			_, elapsed, err := timed(context.Background(), b, "k")
-			sent := 0
-			for _, p := range s.proxies {
-				sent += p.Marked()
-				p.Release()
-			}
+			sent := s.scriptsSent()
+			s.releaseScripts()
 			t.Logf("a call without a deadline, its script's reply held back, returned after %v: %v; sent %d times", elapsed, err, sent)
 			if !errors.Is(err, ratelimit.ErrTimeout) {
 				t.Errorf("Do with its script's reply held back: %v; want ErrTimeout", err)
