@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/failpolicy"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -66,4 +67,51 @@ func ExampleWithHooks() {
 	// Output:
 	// breaker: BreakerClosed -> BreakerOpen
 	// degraded decisions: 3
+}
+
+// flaky is a store that is away while down is set, and otherwise answers
+// from memory.
+type flaky struct {
+	down  bool
+	store *memory.Backend
+}
+
+func (f *flaky) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
+	if f.down {
+		return ratelimit.Decision{}, fmt.Errorf("%w: connection refused", ratelimit.ErrBackendUnavailable)
+	}
+	return f.store.Do(ctx, key, cfg, req)
+}
+
+// What the Local mode's share admits while the store is away is charged
+// to the store when it answers again: here a bucket of 10 an hour, shared
+// by 2 instances, admits 5 locally; once the store is back, the first
+// call charges those 5 before its own request, so the store has 4 left
+// after it, not 9.
+func Example_localDebt() {
+	store := &flaky{store: memory.New()}
+	defer store.store.Close()
+	policy, err := failpolicy.Wrap(store, failpolicy.Local, failpolicy.WithInstances(2), failpolicy.WithBreaker(100, time.Second))
+	if err != nil {
+		panic(err)
+	}
+	defer policy.Close()
+	limiter := ratelimit.New(policy)
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(10)}}
+
+	store.down = true
+	admitted := 0
+	for range 8 {
+		if d, _ := limiter.Allow(context.Background(), "user:1", cfg); d.Allowed {
+			admitted++
+		}
+	}
+	fmt.Println("admitted by the share while the store was away:", admitted)
+
+	store.down = false
+	d, err := limiter.Allow(context.Background(), "user:1", cfg)
+	fmt.Println("the store back:", d.Allowed, "remaining", d.Remaining, "degraded", d.Degraded, err)
+	// Output:
+	// admitted by the share while the store was away: 5
+	// the store back: true remaining 4 degraded false <nil>
 }

@@ -7,49 +7,95 @@
 //
 // # Deadline
 //
-// Every decision's context gets a deadline, 5 ms unless [WithTimeout] says
-// otherwise, even when the caller's context has none; a caller's earlier
-// deadline stands. The deadline is hard: each call runs in a goroutine of
-// its own, and the decision returns at the deadline whatever the client
-// does. The client should still end a call at its context's deadline, or
-// calls left behind pile up: see docs/operations.md for the go-redis and
-// rueidis settings, which their LowLatency helpers make.
+// Every decision's context gets a deadline, [DefaultTimeout] unless
+// [WithTimeout] says otherwise, even when the caller's context has none; a
+// caller's earlier deadline stands. The deadline is hard: each call runs
+// in a goroutine of its own, and the decision returns at the deadline
+// whatever the client does. The client should still end a call at its
+// context's deadline, or calls left behind pile up: see docs/operations.md
+// for the go-redis and rueidis settings, which their LowLatency helpers
+// make, and for how the default was chosen.
 //
 // # Failures
 //
-// A decision fails when the store returns an error wrapping
-// [ratelimit.ErrTimeout] or [ratelimit.ErrBackendUnavailable]: a timeout, a
-// refused or broken connection, a server error. The [Mode] then decides
-// it, marking the decision Degraded. Errors about the call itself (an
-// invalid key, config or request) go straight back to the caller, as does
-// the context error of a caller that cancelled.
+// Only what says the store is unhealthy is a failure: the policy's own
+// deadline passing, and an error wrapping [ratelimit.ErrTimeout] or
+// [ratelimit.ErrBackendUnavailable] (a client's timeout, a refused or
+// broken connection, a server error). The [Mode] then decides, marking the
+// decision Degraded, and the breaker counts it.
+//
+// Everything else goes straight back to the caller, is not Degraded, and
+// leaves the breaker as it was:
+//
+//   - the caller's own context ending, before or during the call: the
+//     error wraps the context's ([context.Canceled] or
+//     [context.DeadlineExceeded]), and a context already done takes
+//     nothing. So a client that sets itself a short deadline (gRPC passes
+//     the client's on) cannot open the breaker for everyone else;
+//   - an error about the call or its key: bad input
+//     ([ratelimit.ErrInvalidKey], [ratelimit.ErrInvalidConfig],
+//     [ratelimit.ErrInvalidRequest]) or [ratelimit.ErrKeyRejected] (a key
+//     holding a foreign value, a store at its key cap). Other keys are
+//     decided as before.
 //
 // A call that timed out may still have been applied by the store: a
 // paused Redis runs the queued scripts when it resumes. The decorator
 // never retries, so a decision is never charged twice.
+//
+// # Panics
+//
+// A panic in the wrapped Backend is recovered on the call's goroutine and
+// raised again on the caller's, as a [*PanicError] holding the value and
+// the stack where it happened, so that a server that recovers its
+// handlers' panics fails that one request, as it would without the policy.
+// A panic after the caller has had its decision (a call that outlived the
+// deadline, or the probe) goes to [Hooks.Panicked].
 //
 // # Circuit breaker
 //
 // After [WithBreaker]'s count of consecutive failures (5 by default) the
 // breaker opens: for the cool-down (1s by default) no decision goes to the
 // store, and the mode decides them at once. Then one decision probes the
-// store; if it answers, the breaker closes and decisions go to the store
-// again, and if not, it opens for another cool-down.
+// store with the cool-down to answer; if it answers, the breaker closes
+// and decisions go to the store again. If it fails, or is still out when
+// the cool-down has passed, the breaker opens for another cool-down: a
+// probe that never returns does not hold the breaker half-open.
+//
+// # The Local mode's bound
+//
+// The Local mode decides in per-instance shares of each bandwidth (see
+// [Local]). The shares cannot know what the store admitted just before
+// they took over, nor the store what they admitted, so each tokens a share
+// admits is a debt of its key, charged to the store by the next call on
+// the key that reaches it (on credit where the algorithm lends: the token
+// bucket, GCRA and the leaky bucket), before that call's own request. For
+// a bandwidth of capacity C refilling r a second, shared by n instances
+// that all say [WithInstances](n), the service then admits over any
+// interval of T seconds at most C + r·T (the limit) plus C (every share
+// spent on top of the store's last tokens); where the store lends, the
+// excess is paid back from its refill once it answers again, so over an
+// interval that also covers the C/r seconds after the outage, the total
+// is within the limit. docs/operations.md derives the bound and gives the
+// measured counts.
 //
 // # Hooks
 //
-// [Hooks] report degraded decisions and breaker changes, for metrics and
-// logs.
+// [Hooks] report degraded decisions, breaker changes and late panics, for
+// metrics and logs.
 package failpolicy
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"runtime/debug"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/backend/memory"
+	"github.com/sluicehq/sluice/internal/ctxerr"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -64,9 +110,11 @@ const (
 	Closed
 	// Local decides in an in-process bucket per key that holds this
 	// instance's share of each bandwidth: its Capacity and RefillTokens
-	// divided by [WithInstances]'s count, rounded down, at least 1. With
-	// every instance doing so, the service as a whole admits at most its
-	// limit while the store is away.
+	// divided by [WithInstances]'s count, rounded down, at least 1. The
+	// shares' admissions are charged to the store when it answers again;
+	// see the package doc for the bound this keeps. At most
+	// [WithLocalKeys] keys have a share at a time; a new key beyond them
+	// is denied, as Closed would.
 	Local
 	numModes
 )
@@ -83,30 +131,73 @@ func (m Mode) String() string {
 
 // Defaults.
 const (
-	// DefaultTimeout is the per-decision deadline unless [WithTimeout] sets one.
-	DefaultTimeout = 5 * time.Millisecond
+	// DefaultTimeout is the per-decision deadline unless [WithTimeout] sets
+	// one. A healthy Redis meets it under a burst of 100 simultaneous
+	// decisions from each of two processes on a 2-core machine: their
+	// p99.9 was 24–29ms (docs/operations.md gives the figures). It is the
+	// ReadTimeout the Redis backends' LowLatency helpers set, so that the
+	// policy gives up on a call when the client would. Set a shorter one
+	// with WithTimeout once your own p99.9 under load says it is met.
+	DefaultTimeout = 50 * time.Millisecond
 	// DefaultFailures is how many consecutive failures open the breaker
 	// unless [WithBreaker] says otherwise.
 	DefaultFailures = 5
 	// DefaultCoolDown is how long an open breaker keeps decisions from the
 	// store unless [WithBreaker] says otherwise.
 	DefaultCoolDown = time.Second
+	// DefaultLocalKeys is how many keys the Local mode keeps a share and a
+	// debt for unless [WithLocalKeys] says otherwise; docs/operations.md
+	// gives the memory this takes.
+	DefaultLocalKeys = 1 << 16
 )
 
 // ErrBreakerOpen is the cause [Hooks.Degraded] gets for a decision that
 // the open breaker kept from the store.
 var ErrBreakerOpen = errors.New("failpolicy: circuit breaker open")
 
+// errDeadline is the cause of a decision's context when the policy's
+// deadline ends it, and errProbeDeadline when the probe's does.
+var (
+	errDeadline      = errors.New("failpolicy: the decision's deadline passed")
+	errProbeDeadline = errors.New("failpolicy: the probe's cool-down passed")
+)
+
 // Hooks are called by a [Backend] as things happen; each may be nil. They
-// run on the deciding goroutine, or on the probe's when it ends after its
-// caller has had its decision, so they must be quick, safe for concurrent
-// use, and must not call the Backend.
+// run on the deciding goroutine, or on the goroutine of a call that ends
+// after its caller has had its decision, so they must be quick, safe for
+// concurrent use, and must not call the Backend.
 type Hooks struct {
 	// Degraded is called for each decision the mode made instead of the
 	// store, with the reason: the store's error, or [ErrBreakerOpen].
 	Degraded func(ctx context.Context, key string, mode Mode, cause error)
 	// BreakerChanged is called when the breaker changes state.
 	BreakerChanged func(from, to BreakerState)
+	// Panicked is called for a panic in the wrapped Backend that came
+	// after its caller had its decision (a call that outlived the
+	// deadline, or the probe), so that no goroutine of the caller's can
+	// raise it again. Without it, such a panic is dropped.
+	Panicked func(key string, p *PanicError)
+}
+
+// PanicError is what a [Backend] panics with on the caller's goroutine
+// when the wrapped Backend panicked, and what [Hooks.Panicked] gets.
+type PanicError struct {
+	// Value is what the wrapped Backend panicked with.
+	Value any
+	// Stack is the stack of the goroutine that panicked, as
+	// [debug.Stack] gives it.
+	Stack []byte
+}
+
+// Error returns the panic's value and stack.
+func (p *PanicError) Error() string {
+	return fmt.Sprintf("failpolicy: the wrapped Backend panicked: %v\n\n%s", p.Value, p.Stack)
+}
+
+// Unwrap returns the panic's value if it is an error.
+func (p *PanicError) Unwrap() error {
+	err, _ := p.Value.(error)
+	return err
 }
 
 // Backend is a [ratelimit.Backend] that sends decisions to another under a
@@ -122,6 +213,7 @@ type Backend struct {
 	hooks      Hooks
 	clock      ratelimit.Clock
 	local      *memory.Backend // for Local
+	debts      *ledger         // for Local
 	breaker    breaker
 }
 
@@ -134,6 +226,7 @@ type options struct {
 	coolDown   time.Duration
 	retryAfter time.Duration
 	instances  int
+	localKeys  int
 	hooks      Hooks
 	clock      ratelimit.Clock
 }
@@ -167,6 +260,15 @@ func WithInstances(n int) Option {
 	return func(o *options) { o.instances = n }
 }
 
+// WithLocalKeys sets how many keys the Local mode keeps a share and a debt
+// for (at least 1; default [DefaultLocalKeys]). A share is kept until it
+// has refilled, never dropped early (that would hand its owner a full
+// share), so while the store is away a flood of new keys fills them, and a
+// new key beyond them is denied until one has refilled.
+func WithLocalKeys(n int) Option {
+	return func(o *options) { o.localKeys = n }
+}
+
 // WithHooks sets the [Hooks].
 func WithHooks(h Hooks) Option {
 	return func(o *options) { o.hooks = h }
@@ -182,7 +284,7 @@ func WithClock(c ratelimit.Clock) Option {
 // fails. A bad option is an error wrapping [ratelimit.ErrInvalidConfig]
 // that names it.
 func Wrap(next ratelimit.Backend, mode Mode, opts ...Option) (*Backend, error) {
-	o := options{timeout: DefaultTimeout, failures: DefaultFailures, coolDown: DefaultCoolDown, instances: 1}
+	o := options{timeout: DefaultTimeout, failures: DefaultFailures, coolDown: DefaultCoolDown, instances: 1, localKeys: DefaultLocalKeys}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -201,6 +303,8 @@ func Wrap(next ratelimit.Backend, mode Mode, opts ...Option) (*Backend, error) {
 		return nil, invalid("WithRetryAfter %v is negative", o.retryAfter)
 	case o.instances < 1:
 		return nil, invalid("WithInstances %d is less than 1", o.instances)
+	case o.localKeys < 1:
+		return nil, invalid("WithLocalKeys %d is less than 1", o.localKeys)
 	}
 	if o.retryAfter == 0 {
 		o.retryAfter = o.coolDown
@@ -214,7 +318,8 @@ func Wrap(next ratelimit.Backend, mode Mode, opts ...Option) (*Backend, error) {
 		breaker: breaker{threshold: int32(o.failures), coolDown: int64(o.coolDown)},
 	}
 	if mode == Local {
-		b.local = memory.New(memory.WithClock(o.clock))
+		b.local = memory.New(memory.WithClock(o.clock), memory.WithMaxKeys(o.localKeys))
+		b.debts = newLedger(o.localKeys)
 	}
 	return b, nil
 }
@@ -246,33 +351,71 @@ func (b *Backend) Breaker() BreakerState {
 // Do decides req with the next Backend under the deadline, or by the mode
 // if the breaker is open or the next Backend fails; see the package doc.
 func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
+	if ctx.Err() != nil {
+		if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
+			return ratelimit.Decision{}, err
+		}
+		return ratelimit.Decision{}, ctxerr.Caller(ctx, what(req.Op, key), nil)
+	}
 	ok, probe, t := b.breaker.allow(b.now)
 	b.report(t)
 	if !ok {
 		return b.degrade(ctx, key, cfg, req, ErrBreakerOpen)
 	}
-	wait, stopWait := context.WithTimeout(ctx, b.timeout)
+	wait, stopWait := context.WithTimeoutCause(ctx, b.timeout, errDeadline)
 	defer stopWait()
-	var r result
+	c := &call{b: b, key: key, cfg: cfg, req: req, probe: probe, done: make(chan result, 1)}
 	if probe {
 		// The probe gets the cool-down to answer, not the deadline: a
 		// store coming back may need a new connection and the script
 		// loaded before it answers, and on a busy machine that takes
 		// longer than a decision may wait. Its caller waits only the
 		// deadline, and the probe judges the store when it ends.
-		store, stopStore := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(b.breaker.coolDown))
-		r = b.ask(wait, store, stopStore, key, cfg, req, true)
+		c.store, c.stopStore = context.WithTimeoutCause(context.WithoutCancel(ctx), time.Duration(b.breaker.coolDown), errProbeDeadline)
 	} else {
-		r = b.ask(wait, wait, func() {}, key, cfg, req, false)
-		r.verdict = b.judge(r.err, errors.Is(ctx.Err(), context.Canceled), false)
+		c.store, c.stopStore = wait, func() {}
 	}
+	r, back := c.await(wait)
+	if r.panic != nil {
+		panic(r.panic)
+	}
+	if !back || r.err != nil {
+		// The caller gave up: no verdict. The store's error is left out:
+		// a client that does not tell the caller's deadline from its
+		// own would make it read as a store failure.
+		if err := ctxerr.Caller(ctx, what(req.Op, key), nil); err != nil {
+			return ratelimit.Decision{}, err
+		}
+	}
+	expired := !back || ctxerr.Done(wait) != nil
 	switch {
-	case r.verdict == answered:
+	case !back:
+		r.verdict = failed // for the probe's caller; the probe judges itself
+	case !probe:
+		r.verdict = verdictOf(r.err, expired)
+	}
+	if !probe {
+		b.record(r.verdict, false)
+	}
+	switch r.verdict {
+	case answered:
 		return r.d, nil
-	case r.verdict == noVerdict, errors.Is(ctx.Err(), context.Canceled):
+	case noVerdict:
 		return r.d, r.err
 	}
-	return b.degrade(ctx, key, cfg, req, r.err)
+	cause := r.err
+	if expired {
+		cause = fmt.Errorf("%w: %s: no answer within %v", ratelimit.ErrTimeout, what(req.Op, key), b.timeout)
+		if r.err != nil {
+			cause = fmt.Errorf("%w: %w", cause, r.err)
+		}
+	}
+	return b.degrade(ctx, key, cfg, req, cause)
+}
+
+// what names a call in errors.
+func what(op ratelimit.Op, key string) string {
+	return fmt.Sprintf("failpolicy: %v on key %q", op, key)
 }
 
 // verdict is what a call says of the store.
@@ -281,67 +424,166 @@ type verdict uint8
 const (
 	answered  verdict = iota // it answered
 	failed                   // it timed out or failed
-	noVerdict                // the call was bad, or its caller gave up
+	noVerdict                // the call or its key was bad, or its caller gave up
 )
 
-// judge records what a call's error says of the store in the breaker;
-// cancelled says that the caller gave up, which a probe's caller cannot.
-func (b *Backend) judge(err error, cancelled, probe bool) verdict {
+// verdictOf says what a call's error says of the store; expired says the
+// policy's (or the probe's) deadline passed first.
+func verdictOf(err error, expired bool) verdict {
 	switch {
 	case err == nil:
-		b.report(b.breaker.succeeded(probe))
 		return answered
-	case cancelled,
-		!errors.Is(err, ratelimit.ErrTimeout) && !errors.Is(err, ratelimit.ErrBackendUnavailable):
-		b.breaker.abandoned(probe)
+	case expired:
+		return failed
+	case errors.Is(err, ratelimit.ErrKeyRejected):
 		return noVerdict
+	case errors.Is(err, ratelimit.ErrTimeout), errors.Is(err, ratelimit.ErrBackendUnavailable):
+		return failed
 	}
-	b.report(b.breaker.failed(probe, b.now()))
-	return failed
+	return noVerdict
+}
+
+// record tells the breaker a call's verdict.
+func (b *Backend) record(v verdict, probe bool) {
+	switch v {
+	case answered:
+		b.report(b.breaker.succeeded(probe))
+	case failed:
+		b.report(b.breaker.failed(probe, b.now()))
+	default:
+		b.breaker.abandoned(probe)
+	}
 }
 
 // result is what the next Backend returned, and what it says of the store.
 type result struct {
 	d       ratelimit.Decision
 	err     error
+	panic   *PanicError
 	verdict verdict
 }
 
-// ask asks the next Backend under store's deadline, and returns when it
-// answers or when wait is done, whichever comes first. Both Redis clients
-// end a call at its context's deadline on most paths, but not on all:
-// rueidis, opening a connection to a server that stalled or closing one,
-// waits up to a second. So the call runs in a goroutine of its own, on a
-// copy of cfg's bandwidths that it may keep; stopStore runs when it ends.
-// A call left behind ends when its client gives up, and the breaker keeps
-// such calls few. A probe judges the store itself, when it ends; ask
-// returns its verdict, or failed if it is still out.
-func (b *Backend) ask(wait, store context.Context, stopStore context.CancelFunc, key string, cfg ratelimit.Config, req ratelimit.Request, probe bool) result {
-	cfg.Bandwidths = slices.Clone(cfg.Bandwidths)
-	done := make(chan result, 1)
-	go func() {
-		defer stopStore()
-		var r result
-		r.d, r.err = b.next.Do(store, key, cfg, req)
-		if probe {
-			r.verdict = b.judge(r.err, false, true)
-		}
-		done <- r
-	}()
+// call is one decision sent to the next Backend, in a goroutine of its
+// own: both Redis clients end a call at its context's deadline on most
+// paths, but not on all (rueidis, opening a connection to a server that
+// stalled or closing one, waits up to a second), and the decision must not
+// wait for them. The call runs on a copy of cfg's bandwidths that it may
+// keep. A call left behind ends when its client gives up, and the breaker
+// keeps such calls few.
+type call struct {
+	b     *Backend
+	key   string
+	cfg   ratelimit.Config
+	req   ratelimit.Request
+	probe bool
+	debt  debt // the key's debt, charged before req
+
+	store     context.Context // the next Backend's
+	stopStore context.CancelFunc
+	done      chan result
+	// left is set by whichever comes first: the call handing its result
+	// to the caller, or the caller leaving without one.
+	left atomic.Bool
+	// judged is set once the probe's verdict is recorded: when it ends,
+	// or when its time is spent, whichever comes first.
+	judged atomic.Bool
+}
+
+// await starts the call and returns its result, or back false if wait
+// ends first.
+func (c *call) await(wait context.Context) (r result, back bool) {
+	c.cfg.Bandwidths = slices.Clone(c.cfg.Bandwidths)
+	if c.b.debts != nil {
+		c.debt = c.b.debts.take(c.key, c.b.now())
+	}
+	go c.run()
 	select {
-	case r := <-done:
-		return r
+	case r := <-c.done:
+		return r, true
 	case <-wait.Done():
-		select {
-		case r := <-done: // it answered just in time
-			return r
-		default:
+		if !c.left.CompareAndSwap(false, true) {
+			return <-c.done, true // it answered just in time
 		}
-		return result{
-			err:     fmt.Errorf("%w: failpolicy: no answer within the deadline: %w", ratelimit.ErrTimeout, wait.Err()),
-			verdict: failed,
+		return result{}, false
+	}
+}
+
+// run makes the call, and hands its result to the caller if the caller
+// still waits.
+func (c *call) run() {
+	defer c.stopStore()
+	if c.probe {
+		stop := context.AfterFunc(c.store, func() { c.judge(failed) })
+		defer stop()
+	}
+	r := c.do()
+	if c.probe {
+		v := verdictOf(r.err, ctxerr.Done(c.store) != nil)
+		if r.panic != nil {
+			v = noVerdict
+		}
+		c.judge(v)
+		r.verdict = v
+	}
+	if c.left.CompareAndSwap(false, true) {
+		c.done <- r
+		return
+	}
+	if r.panic != nil && c.b.hooks.Panicked != nil {
+		c.b.hooks.Panicked(c.key, r.panic)
+	}
+}
+
+// do charges the key's debt, then applies the request, recovering a panic.
+func (c *call) do() (r result) {
+	defer func() {
+		if p := recover(); p != nil {
+			r = result{panic: &PanicError{Value: p, Stack: debug.Stack()}}
+		}
+	}()
+	if c.debt.tokens > 0 {
+		req, rest := charge(c.cfg, c.debt)
+		if _, err := c.b.next.Do(c.store, c.key, c.cfg, req); err != nil {
+			c.b.debts.add(c.key, c.debt, c.b.debtLimit(c.cfg), c.b.now())
+			return result{err: err}
+		}
+		if rest.tokens > 0 {
+			c.b.debts.add(c.key, rest, c.b.debtLimit(c.cfg), c.b.now())
 		}
 	}
+	r.d, r.err = c.b.next.Do(c.store, c.key, c.cfg, c.req)
+	return r
+}
+
+// judge records the probe's verdict, once.
+func (c *call) judge(v verdict) {
+	if c.judged.CompareAndSwap(false, true) {
+		c.b.record(v, true)
+	}
+}
+
+// charge is the request that charges d to the store, and what of d is
+// left for the next call: one request takes at most the smallest
+// capacity. It takes the tokens on credit where the algorithm lends, so
+// that the store admits nothing more until it has refilled past them, and
+// otherwise as many as the store has.
+func charge(cfg ratelimit.Config, d debt) (ratelimit.Request, debt) {
+	n := min(d.tokens, cfg.MinCapacity())
+	d.tokens -= n
+	if cfg.Algorithm.Supports(ratelimit.Reserve) {
+		return ratelimit.Request{Op: ratelimit.Reserve, Tokens: n, MaxWait: math.MaxInt64}, d
+	}
+	return ratelimit.Request{Op: ratelimit.ConsumeUpTo, Tokens: n}, d
+}
+
+// debtLimit is the most a key's debt grows to: twice this instance's
+// share. That is what the shares admit beyond the limit across an outage
+// (the share spent on top of the store's last tokens on the way in, and
+// the store's tokens, refilled while it was away, on top of the share on
+// the way out); what a share admits beyond it, it admits at its refill
+// rate, which the store, away, did not spend.
+func (b *Backend) debtLimit(cfg ratelimit.Config) int64 {
+	return 2 * Share(cfg, b.instances).MinCapacity()
 }
 
 func (b *Backend) now() int64 { return b.clock.Now().UnixNano() }
@@ -363,7 +605,7 @@ func (b *Backend) degrade(ctx context.Context, key string, cfg ratelimit.Config,
 	switch req.Op {
 	case ratelimit.Add, ratelimit.Reset, ratelimit.Replace:
 		if cause == ErrBreakerOpen {
-			cause = fmt.Errorf("%w: %w", ratelimit.ErrBackendUnavailable, cause)
+			cause = fmt.Errorf("%w: %s: %w", ratelimit.ErrBackendUnavailable, what(req.Op, key), cause)
 		}
 		return ratelimit.Decision{}, cause
 	}
@@ -380,16 +622,28 @@ func (b *Backend) degrade(ctx context.Context, key string, cfg ratelimit.Config,
 	case Closed:
 		d.RetryAfter = b.retryAfter
 	case Local:
-		local, err := b.local.Do(ctx, key, Share(cfg, b.instances), req)
-		if err != nil {
-			// The share cannot be decided (the local store is full or
-			// closed): deny, as Closed would.
-			d.RetryAfter = b.retryAfter
-			return d, nil
-		}
-		local.Degraded = true
-		return local, nil
+		return b.decideLocally(ctx, key, cfg, req)
 	}
+	return d, nil
+}
+
+// decideLocally decides req in this instance's share of cfg, and records
+// what it admits as the key's debt.
+func (b *Backend) decideLocally(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
+	d, err := b.local.Do(ctx, key, Share(cfg, b.instances), req)
+	switch {
+	case ctx.Err() != nil && err != nil:
+		return ratelimit.Decision{}, err // the caller gave up
+	case err != nil:
+		// The share cannot be decided (the local store is full or
+		// closed): deny, as Closed would.
+		return ratelimit.Decision{Degraded: true, Limit: cfg.MinCapacity(), RetryAfter: b.retryAfter}, nil
+	}
+	if d.Consumed > 0 {
+		now := b.now()
+		b.debts.add(key, debt{tokens: d.Consumed, expires: now + int64(fillTime(cfg))}, b.debtLimit(cfg), now)
+	}
+	d.Degraded = true
 	return d, nil
 }
 
