@@ -57,6 +57,21 @@ type InstanceSpec struct {
 	Goroutines, Attempts int
 	// Timeout bounds each call; 0 means 10s.
 	Timeout time.Duration
+	// LowLatency builds the client with the backend's LowLatency helper,
+	// as docs/operations.md tells a user to, instead of the harness's
+	// plain settings (no retries, the context's deadline obeyed).
+	LowLatency bool
+	// Policy, if set, puts the backend behind a fail policy.
+	Policy *InstancePolicy
+	// Pause is how long each goroutine waits after a call before it takes
+	// the next attempt: a steady load rather than a flood.
+	Pause time.Duration
+	// Settle makes the instance, after its attempts, make Estimate calls
+	// of 1 token, 50ms apart, until one is decided by the store (not
+	// Degraded) or 30s have passed, when it gives up as Fatal. With a
+	// policy in Local mode, the store has then been charged every debt of
+	// the key's share. Settle calls take nothing and are not reported.
+	Settle bool
 	// Holds divide the attempts into phases, so that a test can act
 	// between them without racing the calls: at each hold, in order, no
 	// goroutine starts attempt At or a later one until the harness
@@ -66,6 +81,18 @@ type InstanceSpec struct {
 	// [Instances.WaitHeld] waits for. Each At must be after the previous
 	// one and before Attempts.
 	Holds []Hold
+}
+
+// InstancePolicy is the fail policy of [InstanceSpec.Policy]: the
+// failpolicy.Wrap of the backend, with these options where they are set
+// and failpolicy's defaults where they are zero.
+type InstancePolicy struct {
+	// Mode is the failpolicy.Mode, by name: "Open", "Closed" or "Local".
+	Mode string
+	// Timeout is the WithTimeout.
+	Timeout time.Duration
+	// Instances is the WithInstances.
+	Instances int
 }
 
 // Hold is one of [InstanceSpec.Holds].

@@ -26,6 +26,7 @@ import (
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
+	"github.com/sluicehq/sluice/failpolicy"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -90,12 +91,11 @@ func run(o *out) error {
 		return err
 	}
 	defer closeClient()
-	// A first round trip, so that connecting is not part of the run.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	err = backend.ping(ctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("ping: %w", err)
+	if backend, err = withPolicy(backend, spec.Policy); err != nil {
+		return err
+	}
+	if err := warm(backend); err != nil {
+		return err
 	}
 	o.line(testkit.InstanceLine{Ready: true})
 
@@ -113,11 +113,70 @@ func run(o *out) error {
 					return
 				}
 				o.line(testkit.InstanceLine{Call: call(o, g, backend, spec, index, gi, i)})
+				time.Sleep(spec.Pause)
 			}
 		})
 	}
 	wg.Wait()
+	if spec.Settle {
+		return settle(backend, spec)
+	}
 	return nil
+}
+
+// settle makes Estimate calls until the store decides one; see
+// testkit.InstanceSpec.Settle.
+func settle(b backend, spec testkit.InstanceSpec) error {
+	const every, patience = 50 * time.Millisecond, 30 * time.Second
+	for start := time.Now(); time.Since(start) < patience; time.Sleep(every) {
+		ctx, cancel := context.WithTimeout(context.Background(), spec.Timeout)
+		d, err := b.Do(ctx, spec.Key, spec.Config, ratelimit.Request{Op: ratelimit.Estimate, Tokens: 1})
+		cancel()
+		if err == nil && !d.Degraded {
+			return nil
+		}
+	}
+	return fmt.Errorf("settle: no call was decided by the store within %v", patience)
+}
+
+// withPolicy puts b behind the fail policy p, if p is set.
+func withPolicy(b backend, p *testkit.InstancePolicy) (backend, error) {
+	if p == nil {
+		return b, nil
+	}
+	modes := map[string]failpolicy.Mode{"Open": failpolicy.Open, "Closed": failpolicy.Closed, "Local": failpolicy.Local}
+	mode, ok := modes[p.Mode]
+	if !ok {
+		return nil, fmt.Errorf("spec: Policy.Mode %q is not Open, Closed or Local", p.Mode)
+	}
+	var opts []failpolicy.Option
+	if p.Timeout != 0 {
+		opts = append(opts, failpolicy.WithTimeout(p.Timeout))
+	}
+	if p.Instances != 0 {
+		opts = append(opts, failpolicy.WithInstances(p.Instances))
+	}
+	policy, err := failpolicy.Wrap(b, mode, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return pinger{policy, b.ping}, nil
+}
+
+// warm makes a first round trip, so that connecting is not part of the
+// run. It tries again for up to 10s: a LowLatency client gives a call 50ms,
+// which a first dial on a loaded machine may miss.
+func warm(b backend) error {
+	var err error
+	for start := time.Now(); time.Since(start) < 10*time.Second; time.Sleep(10 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = b.ping(ctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("ping: %w", err)
 }
 
 // awaitGo reads the next line on stdin, which must be the harness's go.
@@ -255,9 +314,17 @@ func connect(spec testkit.InstanceSpec) (backend, func(), error) {
 	case testkit.BackendGoRedis, testkit.BackendRacy:
 		var c redis.UniversalClient
 		if spec.Cluster {
-			c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.Addrs, MaxRetries: -1, ContextTimeoutEnabled: true})
+			opts := &redis.ClusterOptions{Addrs: spec.Addrs, MaxRetries: -1, ContextTimeoutEnabled: true}
+			if spec.LowLatency {
+				redisbackend.LowLatencyCluster(opts)
+			}
+			c = redis.NewClusterClient(opts)
 		} else {
-			c = redis.NewClient(&redis.Options{Addr: spec.Addrs[0], MaxRetries: -1, ContextTimeoutEnabled: true})
+			opts := &redis.Options{Addr: spec.Addrs[0], MaxRetries: -1, ContextTimeoutEnabled: true}
+			if spec.LowLatency {
+				redisbackend.LowLatency(opts)
+			}
+			c = redis.NewClient(opts)
 		}
 		closeClient := func() { _ = c.Close() }
 		ping := func(ctx context.Context) error { return c.Ping(ctx).Err() }
@@ -271,7 +338,11 @@ func connect(spec testkit.InstanceSpec) (backend, func(), error) {
 		}
 		return pinger{b, ping}, closeClient, nil
 	case testkit.BackendRueidis:
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: spec.Addrs, ForceSingleClient: !spec.Cluster, DisableCache: true})
+		opt := rueidis.ClientOption{InitAddress: spec.Addrs, ForceSingleClient: !spec.Cluster, DisableCache: true}
+		if spec.LowLatency {
+			rueidisbackend.LowLatency(&opt)
+		}
+		c, err := rueidis.NewClient(opt)
 		if err != nil {
 			return nil, nil, err
 		}
