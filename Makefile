@@ -58,6 +58,10 @@ bench-algorithms: ## every algorithm on one redis-server: memory per key and dec
 bench-redis: ## sluice's Redis backends vs redis_rate on one redis-server, six rounds, tables in bench/redis/benchstat.txt (about 15 min)
 	sh benchmarks/redis.sh bench/redis
 
+.PHONY: bench-burst
+bench-burst: ## healthy decision latency under a burst (2 processes × 100 calls), idle and beside a CPU burner, into benchmarks/results/ (about 5 min)
+	sh benchmarks/burst.sh
+
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt (must list nothing), go vet and staticcheck, in both modules
 	@echo 'gofmt -l .'; unformatted="$$(gofmt -l .)"; \
