@@ -65,18 +65,22 @@
 //
 // The Local mode decides in per-instance shares of each bandwidth (see
 // [Local]). The shares cannot know what the store admitted just before
-// they took over, nor the store what they admitted, so each tokens a share
+// they took over, nor the store what they admitted, so every token a share
 // admits is a debt of its key, charged to the store by the next call on
 // the key that reaches it (on credit where the algorithm lends: the token
-// bucket, GCRA and the leaky bucket), before that call's own request. For
-// a bandwidth of capacity C refilling r a second, shared by n instances
-// that all say [WithInstances](n), the service then admits over any
-// interval of T seconds at most C + r·T (the limit) plus C (every share
-// spent on top of the store's last tokens); where the store lends, the
-// excess is paid back from its refill once it answers again, so over an
-// interval that also covers the C/r seconds after the outage, the total
-// is within the limit. docs/operations.md derives the bound and gives the
-// measured counts.
+// bucket, GCRA and the leaky bucket), before that call's own request. A
+// key's debt is capped at twice the share. For a bandwidth of capacity C
+// refilling r a second, shared by n instances that all say
+// [WithInstances](n), the service then admits over any interval of T
+// seconds at most C + r·T (the limit) plus what is still owed at its end:
+// for an outage every instance sees, at most 2C (the shares spent on top
+// of the store's last tokens on the way in, and the store's refilled
+// tokens on top of the shares' on the way out). Where the store lends,
+// that is paid back from its refill once each instance reaches it again,
+// so over an interval that also covers the 2C/r seconds after the outage
+// the total is within the limit. Where only some instances lose the
+// store, each of them adds up to its share's rate on top.
+// docs/operations.md derives the bound and gives the measured counts.
 //
 // # Hooks
 //
