@@ -384,14 +384,17 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		panic(r.panic)
 	}
 	if !back || r.err != nil {
-		// The caller gave up: no verdict. The store's error is left out:
-		// a client that does not tell the caller's deadline from its
-		// own would make it read as a store failure.
+		// If the caller gave up, that is the answer, and no verdict. The
+		// store's error is left out of it: a client that does not tell
+		// the caller's deadline from its own would make it read as a
+		// store failure.
 		if err := ctxerr.Caller(ctx, what(req.Op, key), nil); err != nil {
 			return ratelimit.Decision{}, err
 		}
 	}
-	expired := !back || ctxerr.Done(wait) != nil
+	// The policy's deadline passed first; read only when it matters, as
+	// it reads the clock.
+	expired := !back || r.err != nil && ctxerr.Done(wait) != nil
 	switch {
 	case !back:
 		r.verdict = failed // for the probe's caller; the probe judges itself
