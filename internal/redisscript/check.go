@@ -8,20 +8,10 @@ import (
 	"github.com/sluicehq/sluice/backend/redischeck"
 )
 
-// ErrUnsafeServer is [redischeck.ErrUnsafeServer], which Assess wraps.
-var ErrUnsafeServer = redischeck.ErrUnsafeServer
-
-// Report and Server are what a backend's Check returns. They are declared
-// once, in the public package backend/redischeck, which imports neither
-// client: both backends return them, and go doc shows users their fields.
-type (
-	Report = redischeck.Report
-	Server = redischeck.Server
-)
-
-// ParseInfo reads the fields of a Server from the reply to INFO.
-func ParseInfo(addr, info string) Server {
-	s := Server{Addr: addr}
+// ParseInfo reads the fields of a [redischeck.Server] from the reply to
+// INFO.
+func ParseInfo(addr, info string) redischeck.Server {
+	s := redischeck.Server{Addr: addr}
 	for line := range strings.Lines(info) {
 		name, value, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok {
@@ -37,12 +27,12 @@ func ParseInfo(addr, info string) Server {
 	return s
 }
 
-// Assess builds the Report of servers, adding clientProblems (settings of
-// the client itself), and returns it with an error wrapping
-// [ErrUnsafeServer] that lists every problem, or nil.
-func Assess(servers []Server, clientProblems ...string) (Report, error) {
-	slices.SortFunc(servers, func(a, b Server) int { return strings.Compare(a.Addr, b.Addr) })
-	r := Report{Servers: servers}
+// Assess builds the [redischeck.Report] of servers, adding clientProblems
+// (settings of the client itself), and returns it with an error wrapping
+// [redischeck.ErrUnsafeServer] that lists every problem, or nil.
+func Assess(servers []redischeck.Server, clientProblems ...string) (redischeck.Report, error) {
+	slices.SortFunc(servers, func(a, b redischeck.Server) int { return strings.Compare(a.Addr, b.Addr) })
+	r := redischeck.Report{Servers: servers}
 	for _, s := range servers {
 		switch s.MaxmemoryPolicy {
 		case "noeviction":
@@ -56,5 +46,5 @@ func Assess(servers []Server, clientProblems ...string) (Report, error) {
 	if len(r.Problems) == 0 {
 		return r, nil
 	}
-	return r, fmt.Errorf("%w: %s", ErrUnsafeServer, strings.Join(r.Problems, "; "))
+	return r, fmt.Errorf("%w: %s", redischeck.ErrUnsafeServer, strings.Join(r.Problems, "; "))
 }

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/internal/redisscript"
+	"github.com/sluicehq/sluice/backend/redischeck"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -24,7 +24,7 @@ func testCheck(t *testing.T, a Adapter) {
 			if len(report.Servers) != 1 || report.Servers[0].MaxmemoryPolicy != policy || report.Servers[0].Version == "" {
 				t.Fatalf("Check: %+v, %v; want one server with a version and policy %s", report, err, policy)
 			}
-			if safe := policy == "noeviction"; safe != (err == nil) || !safe && (!errors.Is(err, redisscript.ErrUnsafeServer) || !strings.Contains(err.Error(), policy)) {
+			if safe := policy == "noeviction"; safe != (err == nil) || !safe && (!errors.Is(err, redischeck.ErrUnsafeServer) || !strings.Contains(err.Error(), policy)) {
 				t.Fatalf("Check with %s: %v", policy, err)
 			}
 		})

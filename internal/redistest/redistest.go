@@ -15,14 +15,14 @@ import (
 	"context"
 	"testing"
 
-	"github.com/sluicehq/sluice/internal/redisscript"
+	"github.com/sluicehq/sluice/backend/redischeck"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
 // Backend is what the Redis backends offer besides [ratelimit.Backend].
 type Backend interface {
 	ratelimit.Backend
-	Check(ctx context.Context) (redisscript.Report, error)
+	Check(ctx context.Context) (redischeck.Report, error)
 }
 
 // Options are the backend options the suite varies.

@@ -804,15 +804,21 @@ type latencies struct {
 	d     []time.Duration
 }
 
+// failed is how many calls failed, of every kind.
+func (s *samples) failed() int {
+	n := 0
+	for _, c := range s.errs {
+		n += c
+	}
+	return n
+}
+
 func report(w io.Writer, names []string, results map[string]*samples) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "client\tlatency\tsamples\terrors\tp50 ms\tp90 ms\tp99 ms\tp99.9 ms\tmax ms\t")
 	for _, name := range names {
 		s := results[name]
-		nerr := 0
-		for _, n := range s.errs {
-			nerr += n
-		}
+		nerr := s.failed()
 		rows := []latencies{{"from-release", s.fromRelease}, {"own", s.own}}
 		if nerr > 0 {
 			rows = append(rows, latencies{"from-release+failed", s.allFromRelease}, latencies{"own+failed", s.allOwn})
@@ -840,10 +846,7 @@ func report(w io.Writer, names []string, results map[string]*samples) {
 	fmt.Fprintln(w, "share of calls (errors included, as over) taking more than a deadline:")
 	for _, name := range names {
 		s := results[name]
-		nerr := 0
-		for _, n := range s.errs {
-			nerr += n
-		}
+		nerr := s.failed()
 		total := len(s.own) + nerr
 		for _, l := range []latencies{{"from-release", s.fromRelease}, {"own", s.own}} {
 			var b strings.Builder

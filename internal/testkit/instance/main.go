@@ -127,16 +127,33 @@ func run(o *out) error {
 // settle makes Estimate calls until the store decides one; see
 // testkit.InstanceSpec.Settle.
 func settle(b backend, spec testkit.InstanceSpec) error {
-	const every, patience = 50 * time.Millisecond, 30 * time.Second
-	for start := time.Now(); time.Since(start) < patience; time.Sleep(every) {
+	const patience = 30 * time.Second
+	decided := retry(patience, 50*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), spec.Timeout)
+		defer cancel()
 		d, err := b.Do(ctx, spec.Key, spec.Config, ratelimit.Request{Op: ratelimit.Estimate, Tokens: 1})
-		cancel()
-		if err == nil && !d.Degraded {
-			return nil
+		if err == nil && d.Degraded {
+			err = errors.New("degraded")
 		}
+		return err
+	})
+	if decided != nil {
+		return fmt.Errorf("settle: no call was decided by the store within %v: %w", patience, decided)
 	}
-	return fmt.Errorf("settle: no call was decided by the store within %v", patience)
+	return nil
+}
+
+// retry calls f, every apart, until it returns nil or patience has passed,
+// and returns its last error.
+func retry(patience, every time.Duration, f func() error) error {
+	start := time.Now()
+	for {
+		err := f()
+		if err == nil || time.Since(start) >= patience {
+			return err
+		}
+		time.Sleep(every)
+	}
 }
 
 // withPolicy puts b behind the fail policy p, if p is set.
@@ -144,10 +161,11 @@ func withPolicy(b backend, p *testkit.InstancePolicy) (backend, error) {
 	if p == nil {
 		return b, nil
 	}
-	modes := map[string]failpolicy.Mode{"Open": failpolicy.Open, "Closed": failpolicy.Closed, "Local": failpolicy.Local}
-	mode, ok := modes[p.Mode]
-	if !ok {
-		return nil, fmt.Errorf("spec: Policy.Mode %q is not Open, Closed or Local", p.Mode)
+	mode := failpolicy.Open
+	for mode.String() != p.Mode {
+		if mode++; mode > failpolicy.Local {
+			return nil, fmt.Errorf("spec: Policy.Mode %q is not Open, Closed or Local", p.Mode)
+		}
 	}
 	var opts []failpolicy.Option
 	if p.Timeout != 0 {
@@ -167,16 +185,15 @@ func withPolicy(b backend, p *testkit.InstancePolicy) (backend, error) {
 // run. It tries again for up to 10s: a LowLatency client gives a call 50ms,
 // which a first dial on a loaded machine may miss.
 func warm(b backend) error {
-	var err error
-	for start := time.Now(); time.Since(start) < 10*time.Second; time.Sleep(10 * time.Millisecond) {
+	err := retry(10*time.Second, 10*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err = b.ping(ctx)
-		cancel()
-		if err == nil {
-			return nil
-		}
+		defer cancel()
+		return b.ping(ctx)
+	})
+	if err != nil {
+		return fmt.Errorf("ping: %w", err)
 	}
-	return fmt.Errorf("ping: %w", err)
+	return nil
 }
 
 // awaitGo reads the next line on stdin, which must be the harness's go.
