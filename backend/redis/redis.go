@@ -71,11 +71,12 @@ import (
 )
 
 // Backend is a [ratelimit.Backend] over a go-redis client. It is safe for
-// concurrent use, and holds nothing but the client: closing the client is
-// the caller's business.
+// concurrent use, and holds nothing but the client (and, for a cluster, the
+// slot map of [Backend.Node]): closing the client is the caller's business.
 type Backend struct {
 	client   redis.UniversalClient
 	settings redisscript.Settings
+	topology *redisscript.Topology // nil unless the client is a cluster's
 }
 
 var _ ratelimit.Backend = (*Backend)(nil)
@@ -127,7 +128,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
 	if err := o.Check(name); err != nil {
 		return nil, err
 	}
-	return &Backend{client: client, settings: o.Settings}, nil
+	return &Backend{client: client, settings: o.Settings, topology: topology(client)}, nil
 }
 
 // scripts are redisscript.Scripts, ready to run.

@@ -1,0 +1,114 @@
+package rueidisbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicehq/sluice/internal/redisscript"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+var (
+	_ ratelimit.SlotMapper       = (*Backend)(nil)
+	_ ratelimit.NodeLocator      = (*Backend)(nil)
+	_ ratelimit.TopologyReporter = (*Backend)(nil)
+)
+
+// Slot returns the Redis Cluster hash slot of the bucket at key, and true;
+// see [ratelimit.SlotMapper]. It is the same whatever the client, since
+// the key layout alone decides it.
+func (b *Backend) Slot(key string) (int, bool) {
+	return redisscript.Slot(b.settings.Prefix, key), true
+}
+
+// Node returns the address of the cluster master that serves the bucket at
+// key, from a slot map that the backend loads with CLUSTER SHARDS in the
+// background, and again when it is used a second or more after a load
+// (rueidis keeps its own map to itself); see [ratelimit.NodeLocator]. It
+// returns "" for a client that is not in cluster mode, and until the first
+// map has loaded.
+func (b *Backend) Node(key string) string {
+	if b.topology == nil {
+		return ""
+	}
+	return b.topology.Node(redisscript.Slot(b.settings.Prefix, key))
+}
+
+// Masters asks the cluster, through the client, for its masters and their
+// slots (CLUSTER SHARDS); see [ratelimit.TopologyReporter]. It needs a
+// client in cluster mode, and Redis 7.0 or later.
+func (b *Backend) Masters(ctx context.Context) ([]ratelimit.Master, error) {
+	if b.topology == nil {
+		return nil, fmt.Errorf("%s: Masters: the client is not in cluster mode: %w", name, errors.ErrUnsupported)
+	}
+	return b.topology.Masters(ctx)
+}
+
+// topology returns the slot map of c if it is a cluster client, else nil.
+func topology(c rueidis.Client) *redisscript.Topology {
+	if c.Mode() != rueidis.ClientModeCluster {
+		return nil
+	}
+	return redisscript.NewTopology(func(ctx context.Context) ([]ratelimit.Master, error) {
+		reply, err := c.Do(ctx, c.B().ClusterShards().Build()).ToArray()
+		if err != nil {
+			return nil, redisscript.Error(ctx, err, name+": CLUSTER SHARDS")
+		}
+		masters, err := mastersOf(reply)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ratelimit.ErrBackendUnavailable, name, err)
+		}
+		return masters, nil
+	})
+}
+
+// mastersOf reads the masters from a CLUSTER SHARDS reply.
+func mastersOf(reply []rueidis.RedisMessage) ([]ratelimit.Master, error) {
+	shards, err := parseShards(reply)
+	if err != nil {
+		return nil, err
+	}
+	return redisscript.Masters(shards)
+}
+
+// parseShards decodes a CLUSTER SHARDS reply, RESP2 or RESP3.
+func parseShards(reply []rueidis.RedisMessage) ([]redisscript.Shard, error) {
+	shards := make([]redisscript.Shard, len(reply))
+	for i := range reply {
+		fields, err := reply[i].AsMap()
+		if err != nil {
+			return nil, fmt.Errorf("CLUSTER SHARDS: shard %d: %w", i, err)
+		}
+		slotsMsg, nodesMsg := fields["slots"], fields["nodes"]
+		slots, err := slotsMsg.AsIntSlice()
+		if err != nil {
+			return nil, fmt.Errorf("CLUSTER SHARDS: shard %d: slots: %w", i, err)
+		}
+		if len(slots)%2 != 0 {
+			return nil, fmt.Errorf("CLUSTER SHARDS: shard %d: slots %v are not pairs of first and last", i, slots)
+		}
+		for j := 0; j < len(slots); j += 2 {
+			shards[i].Slots = append(shards[i].Slots, [2]int64{slots[j], slots[j+1]})
+		}
+		nodes, err := nodesMsg.ToArray()
+		if err != nil {
+			return nil, fmt.Errorf("CLUSTER SHARDS: shard %d: nodes: %w", i, err)
+		}
+		for j := range nodes {
+			n, err := nodes[j].AsMap()
+			if err != nil {
+				return nil, fmt.Errorf("CLUSTER SHARDS: shard %d: node %d: %w", i, j, err)
+			}
+			str := func(k string) string { m := n[k]; s, _ := m.ToString(); return s }
+			num := func(k string) int64 { m := n[k]; v, _ := m.AsInt64(); return v }
+			shards[i].Nodes = append(shards[i].Nodes, redisscript.ShardNode{
+				Endpoint: str("endpoint"), IP: str("ip"), Port: num("port"), TLSPort: num("tls-port"),
+				Role: str("role"), Health: str("health"),
+			})
+		}
+	}
+	return shards, nil
+}
