@@ -136,36 +136,6 @@ func TestRestart(t *testing.T) {
 	}
 }
 
-func TestStartCluster(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	cl := testkit.StartCluster(t)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: -1})
-	t.Cleanup(func() { cc.Close() })
-
-	// MaxRedirects -1: a MOVED or CLUSTERDOWN would mean StartCluster
-	// returned before the nodes agreed.
-	for i := range 100 {
-		k := fmt.Sprintf("key-%d", i)
-		if err := cc.Set(ctx, k, i, 0).Err(); err != nil {
-			t.Fatalf("SET %s: %v", k, err)
-		}
-		if got, err := cc.Get(ctx, k).Int(); err != nil || got != i {
-			t.Fatalf("GET %s = %d, %v; want %d", k, got, err, i)
-		}
-	}
-	for _, n := range cl.Nodes() {
-		c := newClient(t, n.Addr())
-		info, err := c.ClusterInfo(ctx).Result()
-		if err != nil || !strings.Contains(info, "cluster_state:ok") {
-			t.Errorf("%s: CLUSTER INFO = %q, %v; want cluster_state:ok", n.Addr(), info, err)
-		}
-		if size, err := c.DBSize(ctx).Result(); err != nil || size == 0 {
-			t.Errorf("%s: DBSIZE = %d, %v; want keys on every master", n.Addr(), size, err)
-		}
-	}
-}
-
 func TestStandaloneAddr(t *testing.T) {
 	tests := []struct {
 		name         string
