@@ -62,6 +62,10 @@ bench-redis: ## sluice's Redis backends vs redis_rate on one redis-server, six r
 bench-burst: ## healthy decision latency under a burst (2 processes × 100 calls), idle and beside a CPU burner, into benchmarks/results/ (about 5 min)
 	sh benchmarks/burst.sh
 
+.PHONY: bench-hotkey
+bench-hotkey: ## one hot key on a 3-master cluster, bare and split 3 and 6 ways, go-redis and rueidis at 64 and 256 goroutines: decisions/s, p99, server CPU (about 5 min)
+	sh benchmarks/hotkey.sh
+
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt (must list nothing), go vet and staticcheck, in both modules
 	@echo 'gofmt -l .'; unformatted="$$(gofmt -l .)"; \

@@ -149,6 +149,7 @@ func (c client) inspect(t *testing.T, key string, cfg ratelimit.Config) int64 {
 // tally is what a run's calls add up to.
 type tally struct {
 	calls, admitted, denied, failed int
+	degraded                        int           // decided by a fail policy (counted by addCall only)
 	first, last                     int64         // the earliest start, the latest end, ns
 	longest                         time.Duration // of the calls that returned
 }

@@ -63,6 +63,10 @@ type InstanceSpec struct {
 	LowLatency bool
 	// Policy, if set, puts the backend behind a fail policy.
 	Policy *InstancePolicy
+	// Shard, if set, splits Key into sub-buckets with the sharding
+	// package, outside the fail policy if there is one (as sharding's
+	// package doc advises).
+	Shard *InstanceShard
 	// Pause is how long each goroutine waits after a call before it takes
 	// the next attempt: a steady load rather than a flood.
 	Pause time.Duration
@@ -93,6 +97,13 @@ type InstancePolicy struct {
 	Timeout time.Duration
 	// Instances is the WithInstances.
 	Instances int
+}
+
+// InstanceShard is the split of [InstanceSpec.Shard]: sharding.New of the
+// backend (behind its policy, if any) with the rule
+// sharding.Keys(N, Key).WithRetries(Retries).
+type InstanceShard struct {
+	N, Retries int
 }
 
 // Hold is one of [InstanceSpec.Holds].

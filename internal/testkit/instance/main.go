@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice/failpolicy"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/sharding"
 )
 
 // out writes the lines the harness reads; each line in one write, so a kill
@@ -92,6 +93,9 @@ func run(o *out) error {
 	}
 	defer closeClient()
 	if backend, err = withPolicy(backend, spec.Policy); err != nil {
+		return err
+	}
+	if backend, err = withShard(backend, spec.Key, spec.Shard); err != nil {
 		return err
 	}
 	if err := warm(backend); err != nil {
@@ -174,11 +178,33 @@ func withPolicy(b backend, p *testkit.InstancePolicy) (backend, error) {
 	if p.Instances != 0 {
 		opts = append(opts, failpolicy.WithInstances(p.Instances))
 	}
-	policy, err := failpolicy.Wrap(b, mode, opts...)
+	policy, err := failpolicy.Wrap(unwrap(b), mode, opts...)
 	if err != nil {
 		return nil, err
 	}
 	return pinger{policy, b.ping}, nil
+}
+
+// unwrap returns the Backend inside a pinger, which has the Redis
+// backends' optional capabilities (slots, nodes) that a decorator looks
+// for and the pinger would hide; any other b as it is.
+func unwrap(b backend) ratelimit.Backend {
+	if p, ok := b.(pinger); ok {
+		return p.Backend
+	}
+	return b
+}
+
+// withShard splits key in b's store as s says, if s is set.
+func withShard(b backend, key string, s *testkit.InstanceShard) (backend, error) {
+	if s == nil {
+		return b, nil
+	}
+	split, err := sharding.New(unwrap(b), sharding.Keys(s.N, key).WithRetries(s.Retries))
+	if err != nil {
+		return nil, err
+	}
+	return pinger{split, b.ping}, nil
 }
 
 // warm makes a first round trip, so that connecting is not part of the
