@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/failpolicy"
@@ -97,6 +98,61 @@ func BenchmarkHealthy(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkNodes measures what a breaker per node adds to a healthy
+// store's decision: a memory store behind a Closed policy, with one
+// shared breaker, and with a NodeLocator that puts each of 3 keys on a
+// node of its own (as the Redis backends do on a cluster client, though
+// their Node reads a slot map).
+//
+//	go test -run '^$' -bench Nodes -count 6 ./failpolicy | benchstat -col /locator -
+func BenchmarkNodes(b *testing.B) {
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(1e6).WithBurst(1 << 40)}}
+	keys := []string{"a", "b", "c"}
+	m := memory.New()
+	b.Cleanup(func() { m.Close() })
+	for _, l := range []struct {
+		name  string
+		store ratelimit.Backend
+	}{{"none", wrapped{m}}, {"3nodes", nodeNamer{m}}} {
+		// A deadline no busy machine misses: this measures the lookup, not
+		// lateness (BenchmarkHealthy counts that).
+		policy, err := failpolicy.Wrap(l.store, failpolicy.Closed, failpolicy.WithTimeout(time.Minute))
+		if err != nil {
+			b.Fatal(err)
+		}
+		decide := func(b *testing.B, i int) {
+			d, err := policy.Do(context.Background(), keys[i%len(keys)], cfg, ratelimit.Request{Op: ratelimit.Consume, Tokens: 1})
+			if err != nil || !d.Allowed {
+				b.Errorf("%+v, %v", d, err)
+			}
+		}
+		b.Run("run=serial/locator="+l.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				decide(b, i)
+			}
+		})
+		b.Run("run=parallel/locator="+l.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(32)
+			b.RunParallel(func(pb *testing.PB) {
+				for i := 0; pb.Next(); i++ {
+					decide(b, i)
+				}
+			})
+		})
+	}
+}
+
+// nodeNamer is a store whose keys are each on a node of the key's name.
+type nodeNamer struct{ ratelimit.Backend }
+
+// wrapped is a store as nodeNamer is, but without a NodeLocator: its
+// calls go through the same frames, so the two differ only in the lookup.
+type wrapped struct{ ratelimit.Backend }
+
+func (nodeNamer) Node(key string) string { return key }
 
 // BenchmarkLocalFlood measures what the Local mode keeps for each key it
 // decides while the store is away: the key's share in the local memory

@@ -35,9 +35,11 @@ func (s BreakerState) String() string {
 }
 
 // breaker counts consecutive failures and decides which calls may go to
-// the store. Its fast path, a closed breaker without failures, is two
+// the store, for one node of it or for the store as a whole (see
+// breakers). Its fast path, a closed breaker without failures, is two
 // atomic loads; the rest takes the mutex.
 type breaker struct {
+	node      string // the node it is kept for; "" for the shared one
 	threshold int32
 	coolDown  int64 // ns
 
@@ -124,6 +126,27 @@ func (b *breaker) abandoned(probe bool) {
 	b.mu.Lock()
 	b.probing = false
 	b.mu.Unlock()
+}
+
+// current returns the breaker's state.
+func (b *breaker) current() BreakerState {
+	return BreakerState(b.state.Load())
+}
+
+// idle reports whether the breaker holds nothing worth keeping at now
+// (ns): it is closed with no failure counted, or it is open and no call
+// has come for it since its cool-down ended (the next would have made it
+// half-open), as when a failover gave its node's slots to another.
+func (b *breaker) idle(now int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch BreakerState(b.state.Load()) {
+	case BreakerClosed:
+		return b.failures.Load() == 0
+	case BreakerOpen:
+		return now-b.openedAt >= b.coolDown
+	}
+	return false // a probe is out
 }
 
 // set changes the state, with b.mu held.

@@ -3,6 +3,9 @@ package failpolicy_test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/backend/memory"
@@ -49,8 +52,8 @@ func ExampleWithHooks() {
 	var degraded int
 	hooks := failpolicy.Hooks{
 		Degraded: func(context.Context, string, failpolicy.Mode, error) { degraded++ },
-		BreakerChanged: func(from, to failpolicy.BreakerState) {
-			fmt.Println("breaker:", from, "->", to)
+		BreakerChanged: func(node string, from, to failpolicy.BreakerState) {
+			fmt.Printf("breaker %q: %v -> %v\n", node, from, to)
 		},
 	}
 	policy, err := failpolicy.Wrap(down{}, failpolicy.Closed, failpolicy.WithBreaker(2, time.Second), failpolicy.WithHooks(hooks))
@@ -65,7 +68,7 @@ func ExampleWithHooks() {
 	}
 	fmt.Println("degraded decisions:", degraded)
 	// Output:
-	// breaker: BreakerClosed -> BreakerOpen
+	// breaker "": BreakerClosed -> BreakerOpen
 	// degraded decisions: 3
 }
 
@@ -114,4 +117,59 @@ func Example_localDebt() {
 	// Output:
 	// admitted by the share while the store was away: 5
 	// the store back: true remaining 4 degraded false <nil>
+}
+
+// twoMasters is a store of two nodes, as a Redis Cluster of two masters
+// looks to the policy: a key that starts with "a" is on the master
+// 10.0.0.1:6379, the others on 10.0.0.2:6379, which is away.
+type twoMasters struct{ store *memory.Backend }
+
+func (twoMasters) Node(key string) string {
+	if strings.HasPrefix(key, "a") {
+		return "10.0.0.1:6379"
+	}
+	return "10.0.0.2:6379"
+}
+
+func (m twoMasters) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
+	if m.Node(key) == "10.0.0.2:6379" {
+		return ratelimit.Decision{}, fmt.Errorf("%w: i/o timeout", ratelimit.ErrTimeout)
+	}
+	return m.store.Do(ctx, key, cfg, req)
+}
+
+// With a backend that names the node serving each key, as the Redis
+// backends do on a cluster client, each node has a breaker of its own:
+// the master that is away opens its own, and the keys on the other are
+// still decided by the store.
+func ExampleBackend_Breakers() {
+	store := twoMasters{store: memory.New()}
+	defer store.store.Close()
+	// (The long deadline keeps a busy test machine from failing a
+	// healthy call.)
+	policy, err := failpolicy.Wrap(store, failpolicy.Closed, failpolicy.WithBreaker(2, time.Second), failpolicy.WithTimeout(time.Minute))
+	if err != nil {
+		panic(err)
+	}
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerMinute(10)}}
+	for _, key := range []string{"a:user:1", "b:user:2", "a:user:1", "b:user:2"} {
+		d, err := policy.Do(context.Background(), key, cfg, ratelimit.Request{Tokens: 1})
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("%s: allowed %v, degraded %v\n", key, d.Allowed, d.Degraded)
+	}
+	states := policy.Breakers()
+	for _, node := range slices.Sorted(maps.Keys(states)) {
+		fmt.Println(node, states[node])
+	}
+	fmt.Println("the most open:", policy.Breaker())
+	// Output:
+	// a:user:1: allowed true, degraded false
+	// b:user:2: allowed false, degraded true
+	// a:user:1: allowed true, degraded false
+	// b:user:2: allowed false, degraded true
+	// 10.0.0.1:6379 BreakerClosed
+	// 10.0.0.2:6379 BreakerOpen
+	// the most open: BreakerOpen
 }

@@ -61,6 +61,27 @@
 // the cool-down has passed, the breaker opens for another cool-down: a
 // probe that never returns does not hold the breaker half-open.
 //
+// The breaker is kept per store node when the next Backend can tell which
+// node serves a key: when it is a [ratelimit.NodeLocator], as the Redis
+// backends are on a cluster client, whose Node names the master that owns
+// the key's slot. Each node's breaker counts that node's failures, opens
+// and probes on its own, so a stalled Redis Cluster master sends only its
+// own keys to the mode, and the keys on the other masters go on being
+// decided by the store. One shared breaker covers the rest: every key
+// when the next Backend cannot tell nodes (a standalone server, the
+// memory backend), and the keys whose node it cannot name yet (a cluster
+// whose slot map has not loaded). A failover gives a slot a new master,
+// and so its keys a new breaker, closed.
+//
+// At most [MaxNodeBreakers] nodes have a breaker of their own. A new node
+// beyond them first makes room by dropping the breakers that hold
+// nothing: closed with no failure counted, or open with no call since
+// their cool-down ended (a node no key is on any more). If none can go,
+// or room was made less than a cool-down ago, the new node's keys share
+// the shared breaker until room is made. [Backend.Breakers] reports each
+// breaker's state, [Backend.Breaker] the most open of them, and
+// [Hooks.BreakerChanged] names the node of each change.
+//
 // # The Local mode's bound
 //
 // The Local mode decides in per-instance shares of each bandwidth (see
@@ -174,8 +195,11 @@ type Hooks struct {
 	// Degraded is called for each decision the mode made instead of the
 	// store, with the reason: the store's error, or [ErrBreakerOpen].
 	Degraded func(ctx context.Context, key string, mode Mode, cause error)
-	// BreakerChanged is called when the breaker changes state.
-	BreakerChanged func(from, to BreakerState)
+	// BreakerChanged is called when a breaker changes state, with the
+	// node it is kept for: a name the next Backend's
+	// [ratelimit.NodeLocator] gave, or "" for the shared breaker (see the
+	// package doc).
+	BreakerChanged func(node string, from, to BreakerState)
 	// Panicked is called for a panic in the wrapped Backend that came
 	// after its caller had its decision (a call that outlived the
 	// deadline, or the probe), so that no goroutine of the caller's can
@@ -218,7 +242,12 @@ type Backend struct {
 	clock      ratelimit.Clock
 	local      *memory.Backend // for Local
 	debts      *ledger         // for Local
-	breaker    breaker
+	breakers   breakers
+
+	// next's optional capabilities, nil where it lacks them; its
+	// NodeLocator is breakers.locator.
+	slots    ratelimit.SlotMapper
+	topology ratelimit.TopologyReporter
 }
 
 var _ ratelimit.Backend = (*Backend)(nil)
@@ -319,8 +348,11 @@ func Wrap(next ratelimit.Backend, mode Mode, opts ...Option) (*Backend, error) {
 	b := &Backend{
 		next: next, mode: mode, timeout: o.timeout, retryAfter: o.retryAfter,
 		instances: int64(o.instances), hooks: o.hooks, clock: o.clock,
-		breaker: breaker{threshold: int32(o.failures), coolDown: int64(o.coolDown)},
 	}
+	b.slots, _ = next.(ratelimit.SlotMapper)
+	b.topology, _ = next.(ratelimit.TopologyReporter)
+	locator, _ := next.(ratelimit.NodeLocator)
+	b.breakers.init(locator, int32(o.failures), int64(o.coolDown), b.now)
 	if mode == Local {
 		b.local = memory.New(memory.WithClock(o.clock), memory.WithMaxKeys(o.localKeys))
 		b.debts = newLedger(o.localKeys)
@@ -347,9 +379,21 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-// Breaker returns the circuit breaker's state.
+// Breaker returns the circuit breaker's state: with a breaker per node
+// (see the package doc), the most open of them all, BreakerOpen over
+// BreakerHalfOpen over BreakerClosed, so that one node in trouble shows.
+// [Backend.Breakers] tells them apart.
 func (b *Backend) Breaker() BreakerState {
-	return BreakerState(b.breaker.state.Load())
+	return b.breakers.worst()
+}
+
+// Breakers returns the state of each circuit breaker, by the node it is
+// kept for (see the package doc). The shared breaker is under "": it is
+// there when the next Backend is not a [ratelimit.NodeLocator], or once a
+// key has used it because its node was unknown, or when there were
+// [MaxNodeBreakers] nodes already. The map is the caller's.
+func (b *Backend) Breakers() map[string]BreakerState {
+	return b.breakers.states()
 }
 
 // Do decides req with the next Backend under the deadline, or by the mode
@@ -361,21 +405,22 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		}
 		return ratelimit.Decision{}, ctxerr.Caller(ctx, what(req.Op, key), nil)
 	}
-	ok, probe, t := b.breaker.allow(b.now)
-	b.report(t)
+	br := b.breakers.forKey(key)
+	ok, probe, t := br.allow(b.now)
+	b.report(br, t)
 	if !ok {
 		return b.degrade(ctx, key, cfg, req, ErrBreakerOpen)
 	}
 	wait, stopWait := context.WithTimeoutCause(ctx, b.timeout, errDeadline)
 	defer stopWait()
-	c := &call{b: b, key: key, cfg: cfg, req: req, probe: probe, done: make(chan result, 1)}
+	c := &call{b: b, br: br, key: key, cfg: cfg, req: req, probe: probe, done: make(chan result, 1)}
 	if probe {
 		// The probe gets the cool-down to answer, not the deadline: a
 		// store coming back may need a new connection and the script
 		// loaded before it answers, and on a busy machine that takes
 		// longer than a decision may wait. Its caller waits only the
 		// deadline, and the probe judges the store when it ends.
-		c.store, c.stopStore = context.WithTimeoutCause(context.WithoutCancel(ctx), time.Duration(b.breaker.coolDown), errProbeDeadline)
+		c.store, c.stopStore = context.WithTimeoutCause(context.WithoutCancel(ctx), time.Duration(br.coolDown), errProbeDeadline)
 	} else {
 		c.store, c.stopStore = wait, func() {}
 	}
@@ -402,7 +447,7 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		r.verdict = verdictOf(r.err, expired)
 	}
 	if !probe {
-		b.record(r.verdict, false)
+		b.record(br, r.verdict, false)
 	}
 	switch r.verdict {
 	case answered:
@@ -450,15 +495,15 @@ func verdictOf(err error, expired bool) verdict {
 	return noVerdict
 }
 
-// record tells the breaker a call's verdict.
-func (b *Backend) record(v verdict, probe bool) {
+// record tells br a call's verdict.
+func (b *Backend) record(br *breaker, v verdict, probe bool) {
 	switch v {
 	case answered:
-		b.report(b.breaker.succeeded(probe))
+		b.report(br, br.succeeded(probe))
 	case failed:
-		b.report(b.breaker.failed(probe, b.now()))
+		b.report(br, br.failed(probe, b.now()))
 	default:
-		b.breaker.abandoned(probe)
+		br.abandoned(probe)
 	}
 }
 
@@ -479,6 +524,7 @@ type result struct {
 // keeps such calls few.
 type call struct {
 	b     *Backend
+	br    *breaker // the breaker of the key's node
 	key   string
 	cfg   ratelimit.Config
 	req   ratelimit.Request
@@ -565,7 +611,7 @@ func (c *call) do() (r result) {
 // judge records the probe's verdict, once.
 func (c *call) judge(v verdict) {
 	if c.judged.CompareAndSwap(false, true) {
-		c.b.record(v, true)
+		c.b.record(c.br, v, true)
 	}
 }
 
@@ -595,10 +641,10 @@ func (b *Backend) debtLimit(cfg ratelimit.Config) int64 {
 
 func (b *Backend) now() int64 { return b.clock.Now().UnixNano() }
 
-// report tells the hook of a change of the breaker's state.
-func (b *Backend) report(t transition) {
+// report tells the hook of a change of br's state.
+func (b *Backend) report(br *breaker, t transition) {
 	if t.from != t.to && b.hooks.BreakerChanged != nil {
-		b.hooks.BreakerChanged(t.from, t.to)
+		b.hooks.BreakerChanged(br.node, t.from, t.to)
 	}
 }
 

@@ -278,20 +278,26 @@ func TestPassedBack(t *testing.T) {
 type hookLog struct {
 	mu       sync.Mutex
 	degraded []error
-	changes  []string    // "from>to"
+	keys     []string    // the key of each degraded decision
+	changes  []string    // "from>to", or "node:from>to" for a node's breaker
 	at       []time.Time // when each change was reported
 }
 
 func (h *hookLog) hooks() failpolicy.Hooks {
 	return failpolicy.Hooks{
-		Degraded: func(_ context.Context, _ string, _ failpolicy.Mode, cause error) {
+		Degraded: func(_ context.Context, key string, _ failpolicy.Mode, cause error) {
 			h.mu.Lock()
 			h.degraded = append(h.degraded, cause)
+			h.keys = append(h.keys, key)
 			h.mu.Unlock()
 		},
-		BreakerChanged: func(from, to failpolicy.BreakerState) {
+		BreakerChanged: func(node string, from, to failpolicy.BreakerState) {
 			h.mu.Lock()
-			h.changes = append(h.changes, from.String()+">"+to.String())
+			change := from.String() + ">" + to.String()
+			if node != "" {
+				change = node + ":" + change
+			}
+			h.changes = append(h.changes, change)
 			h.at = append(h.at, time.Now())
 			h.mu.Unlock()
 		},
