@@ -12,6 +12,8 @@ import (
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/failpolicy"
+	"github.com/sluicehq/sluice/internal/ctxerr"
+	"github.com/sluicehq/sluice/internal/redisscript"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -343,6 +345,127 @@ func TestLocalDebtIsCharged(t *testing.T) {
 				}
 				if n := s.calls.Load() - before; n != 1 {
 					t.Errorf("%d calls reached the store after the debt was paid; want 1", n)
+				}
+			})
+		})
+	}
+}
+
+// earlyStore returns, early before its context's deadline, the error a
+// client returns for that deadline, as rueidis does when a call joins a
+// dial that another call's deadline ended (see ctxerr.Slack). label makes
+// the error as a Backend would: redisscript.Error, as the Redis backends
+// do, or wrapping ErrTimeout, as a Backend that does not tell the
+// caller's deadline from its own does.
+type earlyStore struct {
+	*store
+	early time.Duration
+	label func(ctx context.Context, err error) error
+}
+
+func (s *earlyStore) Do(ctx context.Context, _ string, _ ratelimit.Config, _ ratelimit.Request) (ratelimit.Decision, error) {
+	s.calls.Add(1)
+	if deadline, ok := ctx.Deadline(); ok {
+		time.Sleep(time.Until(deadline) - s.early)
+	}
+	return ratelimit.Decision{}, s.label(ctx, fmt.Errorf("dial tcp 127.0.0.1:6379: %w", context.DeadlineExceeded))
+}
+
+// labels are the ways a Backend makes the error of an earlyStore.
+var labels = []struct {
+	name  string
+	label func(ctx context.Context, err error) error
+}{
+	{"redisscript", func(ctx context.Context, err error) error {
+		return redisscript.Error(ctx, err, `fake: Consume on key "k"`)
+	}},
+	{"ErrTimeout", func(_ context.Context, err error) error {
+		return fmt.Errorf("%w: fake: %w", ratelimit.ErrTimeout, err)
+	}},
+}
+
+// TestEarlyDeadlineError: a deadline's error that comes back a moment
+// before the deadline it belongs to, within ctxerr.Slack, counts as that
+// deadline passing. The caller's: the caller gets its context's error,
+// not a degraded decision, and the breaker is untouched, so that a
+// client cannot open it with deadlines that end in the store. The
+// policy's, even with the caller's deadline just after it: a failure,
+// Degraded and counted. In a synctest bubble, so that the error comes
+// back exactly early before the deadline.
+func TestEarlyDeadlineError(t *testing.T) {
+	const early = 10 * time.Microsecond // about what rueidis was measured at
+	tests := []struct {
+		name string
+		// caller is the caller's timeout (0: none), timeout the policy's.
+		caller, timeout time.Duration
+		policys         bool
+	}{
+		{"CallersDeadline", 5 * time.Millisecond, time.Minute, false},
+		{"CallersDeadlineWithinSlack", ctxerr.Slack / 2, time.Minute, false},
+		{"PolicysDeadline", 0, 5 * time.Millisecond, true},
+		{"PolicysDeadlineCallersJustAfter", 5*time.Millisecond + ctxerr.Slack/2, 5 * time.Millisecond, true},
+	}
+	for _, l := range labels {
+		for _, tt := range tests {
+			t.Run(l.name+"/"+tt.name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					s := &earlyStore{store: newStore(t, nil), early: early, label: l.label}
+					var log hookLog
+					p := newPolicy(t, s, failpolicy.Open, failpolicy.WithTimeout(tt.timeout), failpolicy.WithBreaker(1, time.Hour), failpolicy.WithHooks(log.hooks()))
+					ctx := context.Background()
+					if tt.caller > 0 {
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithTimeout(ctx, tt.caller)
+						defer cancel()
+					}
+					d, err := p.Do(ctx, "k", perMinute, consume)
+					log.mu.Lock()
+					defer log.mu.Unlock()
+					if !tt.policys {
+						if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ratelimit.ErrTimeout) || errors.Is(err, ratelimit.ErrBackendUnavailable) || d.Degraded {
+							t.Fatalf("%+v, %v; want context.DeadlineExceeded, no store sentinel, not Degraded", d, err)
+						}
+						if p.Breaker() != failpolicy.BreakerClosed || len(log.changes) != 0 || len(log.degraded) != 0 {
+							t.Fatalf("breaker %v, changes %v, %d degraded; want BreakerClosed and nothing reported", p.Breaker(), log.changes, len(log.degraded))
+						}
+						return
+					}
+					if err != nil || !d.Degraded || !d.Allowed {
+						t.Fatalf("%+v, %v; want Open's degraded admission", d, err)
+					}
+					if len(log.degraded) != 1 || !errors.Is(log.degraded[0], ratelimit.ErrTimeout) {
+						t.Errorf("Degraded causes %v; want one, wrapping ErrTimeout", log.degraded)
+					}
+					if p.Breaker() != failpolicy.BreakerOpen {
+						t.Errorf("breaker %v; want BreakerOpen: the failure counted", p.Breaker())
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestEarlyDeadlineErrorProbe: a probe whose store returns a deadline's
+// error a moment before the probe's cool-down ends has failed, and opens
+// the breaker again.
+func TestEarlyDeadlineErrorProbe(t *testing.T) {
+	for _, l := range labels {
+		t.Run(l.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const coolDown, timeout = 100 * time.Millisecond, 10 * time.Millisecond
+				s := &earlyStore{store: newStore(t, nil), early: 10 * time.Microsecond, label: l.label}
+				var log hookLog
+				p := newPolicy(t, s, failpolicy.Open, failpolicy.WithTimeout(timeout), failpolicy.WithBreaker(1, coolDown), failpolicy.WithHooks(log.hooks()))
+				do(t, p, consume) // fails early before the deadline: the breaker opens
+				time.Sleep(coolDown)
+				do(t, p, consume) // the probe, which fails early before the cool-down ends
+				time.Sleep(coolDown)
+				synctest.Wait()
+				want := "[BreakerClosed>BreakerOpen BreakerOpen>BreakerHalfOpen BreakerHalfOpen>BreakerOpen]"
+				log.mu.Lock()
+				defer log.mu.Unlock()
+				if fmt.Sprint(log.changes) != want {
+					t.Errorf("BreakerChanged: %v; want %v", log.changes, want)
 				}
 			})
 		})

@@ -24,6 +24,14 @@
 // broken connection, a server error). The [Mode] then decides, marking the
 // decision Degraded, and the breaker counts it.
 //
+// A client can return a deadline's error (one wrapping
+// [context.DeadlineExceeded], or a [net.Error] timeout) a moment before
+// the deadline it belongs to: rueidis hands a call the error of a dial
+// it joined, which another call's deadline ended. Such an error, coming
+// back at most 1ms before the call's deadline, counts as that deadline
+// passing: the caller's, if the call ran to the caller's deadline, and
+// otherwise the policy's.
+//
 // Everything else goes straight back to the caller, is not Degraded, and
 // leaves the breaker as it was:
 //
@@ -433,13 +441,14 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		// store's error is left out of it: a client that does not tell
 		// the caller's deadline from its own would make it read as a
 		// store failure.
-		if err := ctxerr.Caller(ctx, what(req.Op, key), nil); err != nil {
+		if err := ctxerr.Judged(ctx, what(req.Op, key), callersError(ctx, c.store, r.err)); err != nil {
 			return ratelimit.Decision{}, err
 		}
 	}
-	// The policy's deadline passed first; read only when it matters, as
-	// it reads the clock.
-	expired := !back || r.err != nil && ctxerr.Done(wait) != nil
+	// The policy's deadline passed first, or the store's deadline error
+	// came back a moment before it; read only when it matters, as it
+	// reads the clock.
+	expired := !back || r.err != nil && ctxerr.Ended(wait, r.err)
 	switch {
 	case !back:
 		r.verdict = failed // for the probe's caller; the probe judges itself
@@ -463,6 +472,19 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		}
 	}
 	return b.degrade(ctx, key, cfg, req, cause)
+}
+
+// callersError returns err, the next Backend's error, for judging whether
+// the caller's context ended the call, or nil if store, the call's
+// context, did not run to the caller's deadline: to the policy's, which
+// came first, or to the probe's cool-down. A deadline's error is then the
+// call's own, however near the caller's deadline is.
+func callersError(ctx, store context.Context, err error) error {
+	caller, ok := ctx.Deadline()
+	if call, _ := store.Deadline(); !ok || !call.Equal(caller) {
+		return nil
+	}
+	return err
 }
 
 // what names a call in errors.
@@ -571,7 +593,7 @@ func (c *call) run() {
 	}
 	r := c.do()
 	if c.probe {
-		v := verdictOf(r.err, ctxerr.Done(c.store) != nil)
+		v := verdictOf(r.err, ctxerr.Ended(c.store, r.err))
 		if r.panic != nil {
 			v = noVerdict
 		}

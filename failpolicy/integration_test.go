@@ -40,7 +40,13 @@ var adapters = []struct {
 	{"rueidis", func(t testing.TB, addr string) ratelimit.Backend {
 		opt := rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true, DisableCache: true}
 		rueidisbackend.LowLatency(&opt)
-		c, err := rueidis.NewClient(opt)
+		// NewClient dials within LowLatency's timeouts, which a loaded
+		// machine running -race can miss: retry, as warm does.
+		var c rueidis.Client
+		err := retrySetup(func() (err error) {
+			c, err = rueidis.NewClient(opt)
+			return err
+		}, always)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -235,15 +241,42 @@ const schedWatchers = stallWorkers
 
 // warm makes a first decision with the store, without the policy's
 // deadline: it dials and loads the script, which a loaded machine may take
-// more than 5ms to do.
+// more than 5ms to do, and more than the client's LowLatency timeouts
+// under -race, so a timeout is tried again.
 func warm(t *testing.T, store ratelimit.Backend, key string, cfg ratelimit.Config) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := store.Do(ctx, key, cfg, consume); err != nil {
+	err := retrySetup(func() error {
+		_, err := store.Do(ctx, key, cfg, consume)
+		return err
+	}, storeFailed)
+	if err != nil {
 		t.Fatal(err)
 	}
 }
+
+// retrySetup calls f until it returns nil, or an error retry refuses, for
+// up to 10s: a step of a test's setup that a loaded machine can fail by a
+// client's timeout. It returns f's last error.
+func retrySetup(f func() error, retry func(error) bool) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := f()
+		if err == nil || !retry(err) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// storeFailed reports whether err is the store failing.
+func storeFailed(err error) bool {
+	return errors.Is(err, ratelimit.ErrTimeout) || errors.Is(err, ratelimit.ErrBackendUnavailable)
+}
+
+// always reports true: every error is tried again.
+func always(error) bool { return true }
 
 // stall makes stallCalls decisions from stallWorkers goroutines, each
 // pausing 100µs between calls so that the run spans several cool-downs,

@@ -384,7 +384,7 @@ func (c *call) judge(d ratelimit.Decision, err error) (outcome, error) {
 	switch {
 	case err == nil && !degraded:
 		return decided, nil
-	case ctxerr.Done(c.ctx) != nil:
+	case ctxerr.Ended(c.ctx, err):
 		return finished, c.cancelled(err)
 	case degraded:
 		return skipped, nil
