@@ -141,6 +141,7 @@ type Backend struct {
 	exactLens [ratelimit.MaxKeyLen/64 + 1]uint64
 	rules     []*Rule // the Prefix and Match rules, in order
 	namer     namer
+	splits    splitCache
 }
 
 // hotKey is a Keys rule's key: its rule and its sub-keys, named once.
@@ -344,12 +345,16 @@ func (c *call) check() error {
 			return fmt.Errorf("%w: %s: Tokens %d is more than one of its %d sub-buckets holds (%d)", ratelimit.ErrInvalidRequest, c.what(), c.req.Tokens, c.n, most)
 		}
 	}
+	if c.b.splits.valid(c.cfg, c.n) {
+		return nil
+	}
 	if i, err := checkSplit(c.cfg, c.n); err != nil {
 		// err names the field, but with the sub-bucket's numbers, not the
 		// config's: say whose they are.
 		why := strings.TrimPrefix(err.Error(), ratelimit.ErrInvalidConfig.Error()+": ")
 		return fmt.Errorf("%w: %s: the config split %d ways is invalid for sub-bucket %d of %d: %s", ratelimit.ErrInvalidConfig, c.what(), c.n, i, c.n, why)
 	}
+	c.b.splits.checked(c.cfg, c.n)
 	return nil
 }
 

@@ -2,6 +2,7 @@ package sharding
 
 import (
 	"math/bits"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/ratelimit"
@@ -123,4 +124,33 @@ func checkSplit(cfg ratelimit.Config, n int) (int, error) {
 		}
 	}
 	return -1, nil
+}
+
+// splitCache remembers configs whose split [checkSplit] found valid, so
+// that a hot key's decisions, which pass the same config again and again,
+// skip validating its sub-configs: a few hundred ns and up to four
+// allocations a decision. It holds a hash of the config's fingerprint and
+// n in one of a fixed number of places, lock-free: a config that finds
+// another's hash in its place is checked again. (Two configs whose hashes
+// match, a chance of 2^-64, would skip the check; the sub-buckets' own
+// backend still validates their configs.)
+type splitCache struct {
+	seen [64]atomic.Uint64
+}
+
+// splitKey is the hash of cfg split n ways, never 0 (an empty place).
+func splitKey(cfg ratelimit.Config, n int) uint64 {
+	return (cfg.Fingerprint() ^ uint64(n)*0x9e3779b97f4a7c15) | 1
+}
+
+// valid reports whether cfg split n ways was checked and found valid.
+func (sc *splitCache) valid(cfg ratelimit.Config, n int) bool {
+	k := splitKey(cfg, n)
+	return sc.seen[k%uint64(len(sc.seen))].Load() == k
+}
+
+// checked records that cfg split n ways is valid.
+func (sc *splitCache) checked(cfg ratelimit.Config, n int) {
+	k := splitKey(cfg, n)
+	sc.seen[k%uint64(len(sc.seen))].Store(k)
 }
