@@ -301,3 +301,25 @@ func FuzzSplit(f *testing.F) {
 		}
 	})
 }
+
+// TestSplitCache: a config found valid is not checked again, but a
+// config not yet seen is, whatever was checked before it, and an invalid
+// split is never remembered.
+func TestSplitCache(t *testing.T) {
+	b := mustNew(t, newMemory(t, newClock()), Keys(3, "hot"))
+	valid := config(ratelimit.PerHour(600))
+	for range 3 {
+		do(t, b, "hot", valid, consume(1))
+	}
+	if !b.splits.valid(valid, 3) {
+		t.Fatal("a config split 3 ways and found valid is not remembered")
+	}
+	for range 3 {
+		if _, err := b.Do(context.Background(), "hot", invalidSplit, consume(1)); !errors.Is(err, ratelimit.ErrInvalidConfig) {
+			t.Fatalf("an invalid split after a valid one: %v; want ErrInvalidConfig", err)
+		}
+	}
+	if b.splits.valid(invalidSplit, 3) {
+		t.Fatal("an invalid split is remembered as valid")
+	}
+}
