@@ -12,7 +12,7 @@ GO ?= go
 # How long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 30s
 # The packages whose Fuzz targets `make fuzz` runs.
-FUZZPKGS ?= ./ratelimit ./internal/redisscript
+FUZZPKGS ?= ./ratelimit ./internal/redisscript ./sharding
 # staticcheck, pinned so that a new release cannot fail CI overnight; bump it
 # on purpose (it must understand the Go toolchain in use). Release 2026.2.2
 # is module version v0.8.2: the module proxy knows only the latter.
@@ -63,7 +63,7 @@ bench-burst: ## healthy decision latency under a burst (2 processes × 100 calls
 	sh benchmarks/burst.sh
 
 .PHONY: bench-hotkey
-bench-hotkey: ## one hot key on a 3-master cluster, bare and split 3 and 6 ways, go-redis and rueidis at 64 and 256 goroutines: decisions/s, p99, server CPU (about 5 min)
+bench-hotkey: ## one hot key on a 3-master cluster, bare and split 3 and 6 ways, go-redis and rueidis at 64 and 256 goroutines: decisions/s, p99, server CPU, into benchmarks/results/ (about a minute)
 	sh benchmarks/hotkey.sh
 
 .PHONY: lint
@@ -81,7 +81,7 @@ $(GOBIN)/staticcheck:
 	$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: fuzz
-fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./internal/redisscript) for FUZZTIME (30s)
+fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./internal/redisscript ./sharding) for FUZZTIME (30s)
 	for pkg in $(FUZZPKGS); do \
 	  listed="$$($(GO) test -list '^Fuzz' $$pkg)"; \
 	  targets="$$(grep '^Fuzz' <<<"$$listed" || true)"; \

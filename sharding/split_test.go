@@ -145,7 +145,7 @@ func checkSplitMath(t *testing.T, name string, cfg ratelimit.Config, n int) (val
 			o := cfg.Bandwidths[j]
 			// A greedy rate is split by a period m times as long, the
 			// same RefillTokens; anything else by its RefillTokens.
-			byPeriod := b.RefillPeriod == o.RefillPeriod*time.Duration(m) && b.RefillTokens == o.RefillTokens
+			byPeriod := m > 1 && b.RefillPeriod == o.RefillPeriod*time.Duration(m) && b.RefillTokens == o.RefillTokens
 			if b.ID != o.ID || b.RefillPeriod != o.RefillPeriod && !byPeriod || b.Refill != o.Refill || !b.AlignedStart.Equal(o.AlignedStart) ||
 				byPeriod && (o.Refill != ratelimit.Greedy || windowed(cfg.Algorithm)) {
 				t.Fatalf("%s: sub-bucket %d of %d: bandwidth %d changed beyond its numbers: %+v of %+v", name, i, m, j, b, o)
@@ -259,6 +259,7 @@ func FuzzSplit(f *testing.F) {
 	f.Add(int64(ratelimit.MaxCapacity), int64(1_000_000), int64(1_000_000), int64(0), uint8(3))
 	f.Add(int64(7), int64(7), int64(60_000_000), int64(7), uint8(62))
 	f.Add(int64(11), int64(6), int64(31_622_400_000_000), int64(-1), uint8(4))
+	f.Add(int64(1), int64(6), int64(31_622_399_999_999), int64(-1), uint8(0)) // one sub-bucket: nothing split
 	clock := newClock()
 	mem := newMemory(f, clock)
 	backends := map[int]*Backend{}
