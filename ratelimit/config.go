@@ -27,6 +27,9 @@ const (
 	MaxIDLen = 64
 	// MaxKeyLen is the longest bucket key, in bytes.
 	MaxKeyLen = 512
+	// MaxVersion is the largest [Config.Version]: 2^53 − 1, the largest
+	// integer a Lua script's doubles hold exactly.
+	MaxVersion = 1<<53 - 1
 )
 
 // maxHorizon bounds how far ahead, in µs, a bucket may be reserved (about 71
@@ -127,6 +130,17 @@ type Config struct {
 	// Bandwidths are the limits; a request passes only if every bandwidth
 	// has the tokens, and then it takes from all. From 1 to [MaxBandwidths].
 	Bandwidths []Bandwidth
+	// Version orders a bucket's configs, as a plan's revisions: 0 (the
+	// default) for a config that is not versioned, up to [MaxVersion].
+	// A bucket keeps the version it was built or last converted for, and
+	// changes forward only: a call that brings an older version than the
+	// bucket holds is decided on the bucket's own, newer config, never
+	// converting it back (see [Apply] for the rule). So replicas that
+	// briefly disagree during a rollout, one passing version 1 and another
+	// version 2, cannot create tokens by converting the bucket back and
+	// forth. The version is not part of [Config.Fingerprint]: a new
+	// version of the same limits keeps the bucket's tokens as they are.
+	Version uint64
 }
 
 // Validate reports whether c lies in the accepted range, with an error
@@ -135,6 +149,9 @@ type Config struct {
 func (c Config) Validate() error {
 	if c.Algorithm >= numAlgorithms {
 		return invalidConfig("Algorithm %v is not a known Algorithm", c.Algorithm)
+	}
+	if c.Version > MaxVersion {
+		return invalidConfig("Version must be at most 2^53-1, got %d", c.Version)
 	}
 	if len(c.Bandwidths) == 0 || len(c.Bandwidths) > MaxBandwidths {
 		return invalidConfig("Bandwidths must have 1 to %d entries, got %d", MaxBandwidths, len(c.Bandwidths))
@@ -324,9 +341,9 @@ func gcd(a, b int64) int64 {
 }
 
 // Fingerprint returns a stable 64-bit hash of everything in c that shapes
-// a bucket. It is the same in every process and on every platform, so
-// replicas that pass the same config agree, and a plan change is seen as a
-// different fingerprint.
+// a bucket (not its Version). It is the same in every process and on
+// every platform, so replicas that pass the same config agree, and a plan
+// change is seen as a different fingerprint.
 func (c Config) Fingerprint() uint64 {
 	h := uint64(0x6a09e667f3bcc908) // any fixed non-zero seed
 	h = mix(h, uint64(c.Algorithm))

@@ -40,6 +40,10 @@ func applyChecked(t *testing.T, s *State, cfg Config, req Request, now int64) De
 	again := cloneState(s)
 	want := Apply(&again, cfg, req, now)
 	d := Apply(s, cfg, req, now)
+	if stored.holdsNewer(cfg, now) {
+		checkStale(t, &stored, s, cfg, req, d, now)
+		return d
+	}
 	checkDecision(t, cfg, req, d)
 	if d != want || !equalStates(*s, again) {
 		t.Fatalf("%+v at %d = %+v, leaving %+v; on a copy = %+v, leaving %+v", req, now, d, *s, want, again)
@@ -100,6 +104,29 @@ func checkExpiresAt(t *testing.T, cfg Config, s *State, d Decision, now int64) {
 		t.Fatalf("ExpiresAt = %d at %d: want 0 to 2^53µs ahead", s.ExpiresAt, now)
 	case s.ExpiresAt > exact || s.ExpiresAt < -exact:
 		t.Fatalf("ExpiresAt = %d at %d (ResetAfter %v + warm-up %v): beyond 2^53", s.ExpiresAt, now, d.ResetAfter, warmup)
+	}
+}
+
+// checkStale checks a call whose config is older than the bucket's: it
+// must be decided as the bucket's own config decides it (checked as any
+// call is), naming the caller's bandwidth, or else be denied for
+// StaleRetry, changing nothing.
+func checkStale(t *testing.T, stored, s *State, cfg Config, req Request, d Decision, now int64) {
+	t.Helper()
+	newer := *stored.Config
+	if !newer.accepts(cfg, req) {
+		if d != staleDenial(cfg) || !equalStates(*s, *stored) {
+			t.Fatalf("%+v at %d on %+v, a bucket of another algorithm or too small = %+v, leaving %+v; want a denial for StaleRetry, leaving it", req, now, *stored, d, *s)
+		}
+		return
+	}
+	if req.Op == Replace {
+		req.Op = Inspect
+	}
+	want := applyChecked(t, stored, newer, req, now)
+	want.Bandwidth = bandName(cfg.Bandwidths, callerBand(cfg, newer, want.Bandwidth))
+	if d != want || !equalStates(*s, *stored) {
+		t.Fatalf("%+v at %d on an older config = %+v, leaving %+v; want as the bucket's config decides, %+v, leaving %+v", req, now, d, *s, want, *stored)
 	}
 }
 
@@ -302,6 +329,8 @@ func FuzzApply(f *testing.F) {
 		if cfgs[1].Validate() != nil {
 			cfgs[1] = cfgs[0]
 		}
+		// Versions 0 to 2, so that calls meet buckets of a later version.
+		cfgs[0].Version, cfgs[1].Version = uint64(in.byte()%3), uint64(in.byte()%3)
 		var s State
 		cur := 0
 		// The clock stays where Apply accepts it, from 0 to maxClock;

@@ -30,6 +30,13 @@ type State struct {
 	// taken within the longest RefillPeriod, oldest first, one entry per
 	// token. It is nil for the other algorithms.
 	Log []int64
+	// Version is the [Config.Version] of the config that built the state,
+	// or last converted it.
+	Version uint64
+	// Config is, for a Version above 0, a copy of that config: a call that
+	// brings an older version is decided on it. It is nil for Version 0.
+	Config   *Config
+	configFP uint64 // the Fingerprint when Config was copied
 }
 
 // BandState is the state of one bandwidth. Besides the level and the time,
@@ -65,7 +72,30 @@ type BandState struct {
 //
 // The other algorithms have their own math, each in its file, called from
 // here.
-func Apply(s *State, cfg Config, req Request, now int64) (d Decision) {
+//
+// A versioned config changes a bucket forward only (see [Config.Version]):
+// a call whose config is older than the one the bucket holds, while the
+// bucket has not expired, is decided on the bucket's own config, kept in
+// [State.Config], as if the call had brought it. Only its Op, Tokens,
+// MaxWait and Strategy are the caller's, and a Replace then changes nothing
+// (it reports as Inspect does); the decision's Bandwidth names the caller's
+// bandwidth that matches the binding one (by ID, or by position when
+// neither has an ID), or else the caller's first. If the bucket's config is
+// of another algorithm, or cannot apply the request (an Op it does not
+// support, more Tokens than its smallest Capacity), the call changes
+// nothing and is denied for [StaleRetry]: a stale replica picks up the new
+// config within its cache's lifetime.
+func Apply(s *State, cfg Config, req Request, now int64) Decision {
+	if s.holdsNewer(cfg, now) {
+		return s.applyStale(cfg, req, now)
+	}
+	d := applyAs(s, cfg, req, now)
+	s.keepConfig(cfg)
+	return d
+}
+
+// applyAs is Apply with cfg whatever its version.
+func applyAs(s *State, cfg Config, req Request, now int64) Decision {
 	switch cfg.Algorithm {
 	case GCRA, LeakyBucket:
 		return applyGCRA(s, cfg, req, now)
@@ -76,6 +106,11 @@ func Apply(s *State, cfg Config, req Request, now int64) (d Decision) {
 	case SlidingWindowCounter:
 		return applyCounter(s, cfg, req, now)
 	}
+	return applyBucket(s, cfg, req, now)
+}
+
+// applyBucket is Apply for [TokenBucket].
+func applyBucket(s *State, cfg Config, req Request, now int64) (d Decision) {
 	fp := cfg.Fingerprint()
 	switch {
 	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt || s.Algorithm != cfg.Algorithm:

@@ -544,7 +544,9 @@ func newBucket(cfg Config, now int64) State {
 
 func equalStates(a, b State) bool {
 	return a.Fingerprint == b.Fingerprint && a.Algorithm == b.Algorithm && a.ExpiresAt == b.ExpiresAt &&
-		slices.Equal(a.Bands, b.Bands) && slices.Equal(a.Log, b.Log)
+		slices.Equal(a.Bands, b.Bands) && slices.Equal(a.Log, b.Log) && a.Version == b.Version &&
+		(a.Config == nil) == (b.Config == nil) && (a.Config == nil || a.Config.Version == b.Config.Version &&
+		a.Config.Algorithm == b.Config.Algorithm && a.Config.Fingerprint() == b.Config.Fingerprint())
 }
 
 // TestApplyDeniedChangesNothing checks that Estimate, Inspect and a denied

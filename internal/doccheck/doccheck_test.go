@@ -100,8 +100,8 @@ func TestCatches(t *testing.T) {
 	c := newChecker(theModule(t))
 	c.checkMarkdown("bad.md", strings.Join([]string{
 		"Set `failpolicy.NoSuchThing` to make it so.",               // 1
-		"A supplier backed by a cache (see sluice/plans) helps.",    // 2
-		"Import `github.com/sluicehq/sluice/plans`.",                // 3
+		"A supplier backed by a cache (see sluice/quotas) helps.",   // 2
+		"Import `github.com/sluicehq/sluice/quotas`.",               // 3
 		"See `ratelimit.Config.NoSuchMethod` and `Decision.Bogus`.", // 4
 		"The demo is in `cmd/sluice-demo/`.",                        // 5
 		"Run `go test ./internal/nosuch/`; see [it](nosuch.md).",    // 6
@@ -113,9 +113,9 @@ func TestCatches(t *testing.T) {
 		"Pass `WithNoSuchOption(3)`; check `ErrNoSuchError`.", // 12
 	}, "\n"))
 	checkGoSource(t, c, "bad.go", `// Package bad links to [NoSuch], [ratelimit.NoSuch],
-// [ratelimit.Limiter.NoSuch] and [github.com/sluicehq/sluice/plans.Store],
+// [ratelimit.Limiter.NoSuch] and [github.com/sluicehq/sluice/quotas.Store],
 // and names github.com/sluicehq/sluice/nosuch and docs/nosuch.md.
-// A supplier backed by a cache (see sluice/plans) helps.
+// A supplier backed by a cache (see sluice/quotas) helps.
 package bad
 
 import "github.com/sluicehq/sluice/ratelimit"
@@ -124,8 +124,8 @@ var _ ratelimit.Limiter
 `)
 	want := []string{
 		"bad.md:1: failpolicy.NoSuchThing",
-		"bad.md:2: sluice/plans",
-		"bad.md:3: github.com/sluicehq/sluice/plans",
+		"bad.md:2: sluice/quotas",
+		"bad.md:3: github.com/sluicehq/sluice/quotas",
 		"bad.md:4: ratelimit.Config.NoSuchMethod",
 		"bad.md:4: Decision.Bogus",
 		"bad.md:5: cmd/sluice-demo/",
@@ -140,10 +140,10 @@ var _ ratelimit.Limiter
 		"bad.go:1: [NoSuch]",
 		"bad.go:1: [ratelimit.NoSuch]",
 		"bad.go:2: [ratelimit.Limiter.NoSuch]",
-		"bad.go:2: [github.com/sluicehq/sluice/plans.Store]",
+		"bad.go:2: [github.com/sluicehq/sluice/quotas.Store]",
 		"bad.go:3: github.com/sluicehq/sluice/nosuch",
 		"bad.go:3: docs/nosuch.md",
-		"bad.go:4: sluice/plans",
+		"bad.go:4: sluice/quotas",
 	}
 	compare(t, c.findings, want)
 }
@@ -160,7 +160,7 @@ func TestPasses(t *testing.T) {
 		"rueidis returns `rueidis.ErrClosing`.",
 		"`github.com/sluicehq/sluice/backend/redis`, `go get github.com/sluicehq/sluice`, `go test ./...`.",
 		"`backend/memory`, `internal/testkit`, `bench/benchstat.txt`, `net/http`, `x/time/rate`, `/proc/cpuinfo`.",
-		"`cmd/sluice-demo/` (planned) and sluice/plans, not built yet.",
+		"`cmd/sluice-demo/` (planned) and sluice/quotas, not built yet.",
 		"See [concepts](docs/concepts.md#decisions) and [the site](https://example.com/x.md#y).",
 		"```go",
 		`import "github.com/ulule/limiter/v3/drivers/store/memory"`,

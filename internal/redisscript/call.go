@@ -37,8 +37,8 @@ type Call struct {
 // since 1970 to decide at, or [ServerClock]. cfg and req must have passed
 // [ratelimit.CheckRequest]. The Call keeps cfg until [Call.Decision].
 func NewCall(prefix, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) Call {
-	const header, perBand = 8 + 1 + 8 + 8 + 1 + 8 + 1 + 1, 1 + 6*8 + 1
-	size := header
+	const header, perBand, trailer = 8 + 1 + 8 + 8 + 1 + 8 + 1 + 1, 1 + 6*8 + 1, 8
+	size := header + trailer
 	for i := range cfg.Bandwidths {
 		size += perBand + len(cfg.Bandwidths[i].ID)
 	}
@@ -76,6 +76,7 @@ func NewCall(prefix, key string, cfg ratelimit.Config, req ratelimit.Request, no
 		b.WriteByte(byte(len(bw.ID)))
 		b.WriteString(bw.ID)
 	}
+	num(int64(cfg.Version)) // at most MaxVersion: exact as a double
 	return Call{Key: Key(prefix, key), Arg: b.String(), Script: scriptFor[cfg.Algorithm], cfg: cfg}
 }
 

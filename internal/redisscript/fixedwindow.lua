@@ -152,4 +152,4 @@ if dirty and expiry > now then
 elseif dirty then
   store(nil, expiry)
 end
-return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, binding - 1}
+return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}

@@ -223,4 +223,4 @@ if expiry > now then
 else
   store(nil, expiry)
 end
-return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, binding - 1}
+return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, bandOut(binding)}

@@ -7,7 +7,7 @@
 --   d now (µs; negative: use the server's TIME), B bandwidth count,
 --   B algorithm, then per bandwidth: B refill kind, d capacity, d scale,
 --   d rate, d period (µs), d initial tokens, d aligned start (µs), B ID
---   length, c ID.
+--   length, c ID; then d config version.
 --
 -- The reply is {allowed, consumed, limit, remaining, retry after (µs),
 -- reset after (µs), binding bandwidth index (0-based)}.
@@ -41,17 +41,13 @@ local byte, rep = string.byte, string.rep
 
 -- The request: one unpack. cfg holds the header, then 8 fields per
 -- bandwidth; bandwidth i's field F is cfg[8 * i + F].
+local HEADER = '<c8BddBdBB' -- to the bandwidth count and algorithm: 36 bytes
+local BAND = 'BddddddBc0'
 local count = byte(ARGV[1], 35)
-local cfg
-do
-  local format = '<c8BddBdBBBddddddBc0'
-  if count > 1 then
-    format = format .. rep('BddddddBc0', count - 1)
-  end
-  cfg = {struct.unpack(format, ARGV[1])}
-end
+local cfg = {struct.unpack(HEADER .. rep(BAND, count) .. 'd', ARGV[1])}
 local fp, op, tokens, maxWait, strategy, now, algorithm = cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[8]
 local KIND, CAP, SCALE, RATE, PERIOD, INITIAL, START, ID = 1, 2, 3, 4, 5, 6, 7, 8
+local version = cfg[8 * count + 9]
 
 local clockGiven = now >= 0
 if not clockGiven then
@@ -69,7 +65,10 @@ end
 -- What the pairs hold is each algorithm's. Each algorithm has its own 16
 -- formats, from 16 × (algorithm + 1): a value in another algorithm's is a
 -- bucket whose algorithm changed, and it starts afresh.
-local FORMAT, FORMATS_END = 16 * (algorithm + 1), 112
+-- A state built for a versioned config (version above 0) has VERSIONED
+-- added to its first byte, and after the bandwidths: I7 version, I2 length
+-- and the config's bandwidths as the request packs them (see adopt).
+local FORMAT, FORMATS_END, VERSIONED = 16 * (algorithm + 1), 112, 128
 
 -- PAIRS[w] is struct's format for an unsigned and a signed integer of w
 -- bytes, spelled out: building it from w would format w with sprintf.
@@ -79,10 +78,12 @@ local PAIRS = {'I1i1', 'I2i2', 'I3i3', 'I4i4', 'I5i5', 'I6i6', 'I7i7'}
 -- and bandwidth j's field F is old[5 * j + F].
 local OLD_U1, OLD_S1, OLD_U2, OLD_S2, OLD_ID = -1, 0, 1, 2, 3
 
--- decodeState returns the bandwidth count, fingerprint, expiry and fields
--- of the state in v, or nothing if v is not shaped like a state.
+-- decodeState returns the bandwidth count, fingerprint, expiry, fields,
+-- version and config of the state in v, or nothing if v is not shaped
+-- like a state.
 local function decodeState(v)
-  local n = byte(v, 1) % 16 + 1
+  local head = byte(v, 1)
+  local n = head % 16 + 1
   -- From the fingerprint on: it, the expiry, the width bytes skipped, then
   -- each bandwidth.
   local format = '<c8I7x'
@@ -98,11 +99,19 @@ local function decodeState(v)
     end
     format = format .. PAIRS[w1] .. PAIRS[w2] .. 'Bc0'
   end
+  local versioned = head >= VERSIONED
+  if versioned then
+    format = format .. 'I7I2c0'
+  end
   local old = {pcall(struct.unpack, format, v, 2)}
-  if not old[1] or old[#old] ~= #v + 1 then
+  local last = #old
+  if not old[1] or old[last] ~= #v + 1 then
     return
   end
-  return n, old[2], old[3], old
+  if versioned then
+    return n, old[2], old[3], old, old[last - 2], old[last - 1]
+  end
+  return n, old[2], old[3], old, 0, nil
 end
 
 -- width is the fewest bytes (1 to 7) that hold the unsigned u and, in two's
@@ -122,6 +131,18 @@ local function width(u, s)
   return w
 end
 
+-- blob is the packed bandwidths of a versioned cfg, as a state keeps them:
+-- the request's, or those adopted from the state.
+local blob
+
+-- bands returns blob, cut from the request when not yet adopted.
+local function bands()
+  if not blob then
+    blob = string.sub(ARGV[1], 37, -9)
+  end
+  return blob
+end
+
 -- encodeState packs the state of cfg's bandwidths to expire at exp, where
 -- bandwidth i's pairs are (p[4i-3], p[4i-2]) and (p[4i-1], p[4i]); nil if a
 -- field is out of range.
@@ -130,8 +151,12 @@ local function encodeState(p, exp)
   if count > 1 then
     format = format .. rep('B', count - 1)
   end
+  local head = FORMAT + count - 1
+  if version > 0 then
+    head = head + VERSIONED
+  end
   -- Sized for one bandwidth; more grow it.
-  local fields = {FORMAT + count - 1, fp, exp, 0, 0, 0, 0, 0, 0, 0}
+  local fields = {head, fp, exp, 0, 0, 0, 0, 0, 0, 0}
   for i = 1, count do
     local u1, s1, u2, s2 = p[4 * i - 3], p[4 * i - 2], p[4 * i - 1], p[4 * i]
     local w1, w2 = width(u1, s1), width(u2, s2)
@@ -144,7 +169,14 @@ local function encodeState(p, exp)
     fields[at + 1], fields[at + 2], fields[at + 3], fields[at + 4], fields[at + 5], fields[at + 6] =
       u1, s1, u2, s2, #id, id
   end
-  return struct.pack(format, unpack(fields, 1, 3 + 7 * count))
+  local last = 3 + 7 * count
+  if version > 0 then
+    local b = bands()
+    format = format .. 'I7I2c0'
+    fields[last + 1], fields[last + 2], fields[last + 3] = version, #b, b
+    last = last + 3
+  end
+  return struct.pack(format, unpack(fields, 1, last))
 end
 
 local function corrupt()
@@ -153,6 +185,75 @@ end
 
 local function notSluice()
   return redis.error_reply('sluice: key ' .. KEYS[1] .. ' holds a value sluice did not write')
+end
+
+-- Forward-only versions: a call whose config is older than the live
+-- bucket's is decided on the bucket's config, as ratelimit.Apply says
+-- (ratelimit/version.go). callerCfg and callerCount keep the request's
+-- config once adopt has replaced it.
+local callerCfg, callerCount
+
+-- staleDenial is the reply to a stale call that the bucket's config
+-- cannot decide: denied for StaleRetry, taking nothing.
+local STALE_RETRY = 1000000
+local function staleDenial()
+  return {0, 0, cfg[8 + CAP], 0, STALE_RETRY, STALE_RETRY, 0}
+end
+
+-- adopt makes the script decide on the config of the state read (its n
+-- bandwidths packed in b, at version v, fingerprint f), keeping the
+-- request's op, tokens, wait and strategy. It returns false if that config
+-- cannot take the request (more tokens than its smallest capacity).
+local function adopt(n, b, v, f)
+  local adopted = {struct.unpack(HEADER .. rep(BAND, n), string.sub(ARGV[1], 1, 36) .. b)}
+  if op == CONSUME or op == ESTIMATE or op == RESERVE then
+    for i = 1, n do
+      if tokens > adopted[8 * i + CAP] then
+        return false
+      end
+    end
+  end
+  callerCfg, callerCount = cfg, count
+  cfg, count, blob, version, fp = adopted, n, b, v, f
+  if op == REPLACE then
+    op = INSPECT
+  end
+  return true
+end
+
+-- bandOut is the 0-based index the reply gives bandwidth i: the request's
+-- bandwidth that matches it when the config was adopted (by ID, or by
+-- position when neither has one; else the first).
+local function bandOut(i)
+  if not callerCfg then
+    return i - 1
+  end
+  local id = cfg[8 * i + ID]
+  for j = 1, callerCount do
+    if callerCfg[8 * j + ID] == id and (id ~= '' or j == i) then
+      return j - 1
+    end
+  end
+  return 0
+end
+
+-- logMember is the fingerprint member of a sliding log (see slidinglog.lua)
+-- for the current config: the fingerprint, and for a versioned config its
+-- version, bandwidth count and packed bandwidths. logVersion decodes a
+-- member's version, count and bandwidths (0 for an unversioned one).
+local function logMember()
+  if version > 0 then
+    return fp .. struct.pack('<I7B', version, count) .. bands()
+  end
+  return fp
+end
+
+local function logVersion(m)
+  if #m < 17 then
+    return 0
+  end
+  local v, n = struct.unpack('<I7B', m, 9)
+  return v, n, string.sub(m, 17)
 end
 
 -- logStateScore reports whether s, a score as ZRANGE gives it, is one the
@@ -169,44 +270,69 @@ end
 -- is no sliding log's, whether or not it holds a member ''.
 local function slidingLog(head)
   local a, b = head[1], head[3]
-  return b ~= nil and (a == '' and #b == 8 or b == '' and #a == 8) and
+  return b ~= nil and (a == '' and (#b == 8 or #b > 17) or b == '' and (#a == 8 or #a > 17)) and
     logStateScore(head[2]) and logStateScore(head[4])
 end
 
 -- sluiceState reports whether v is shaped like a state that some sluice
 -- script keeps in a string.
 local function sluiceState(v)
-  local head = byte(v, 1) or 0
+  local head = (byte(v, 1) or 0) % VERSIONED
   return head >= 16 and head < FORMATS_END and decodeState(v) ~= nil
+end
+
+-- foreignIsNewer reports whether another algorithm's state, with version v
+-- and expiry e, is live and newer than the request's config: the call is
+-- then a stale one that changes nothing.
+local function foreignIsNewer(v, e)
+  return v > version and now < e
+end
+
+-- logIsNewer is foreignIsNewer for a sliding log whose state members are
+-- head (ZRANGE 0 1 WITHSCORES).
+local function logIsNewer(head)
+  local j = head[1] == '' and 3 or 1 -- the fingerprint member
+  return foreignIsNewer(logVersion(head[j]), -1 - tonumber(head[j + 1]))
 end
 
 -- readState reads the bucket's string: it returns the value, the
 -- bandwidth count, fingerprint, expiry and fields decoded from it; false
 -- when the key is absent or holds another algorithm's state (a sliding
--- log's sorted set included); or nil and the error to reply, for a value
--- sluice did not write.
+-- log's sorted set included); or nil and the reply to return, for a value
+-- sluice did not write or a stale call that changes nothing. A live state
+-- built for a later version than the request's has its config adopted.
 local function readState()
   -- pcall: a sliding log's key holds a sorted set, and GET on it fails.
   local v = redis.pcall('GET', KEYS[1])
   if type(v) == 'table' then
     if string.find(v.err, '^WRONGTYPE') and redis.call('TYPE', KEYS[1]).ok == 'zset' then
-      if slidingLog(redis.call('ZRANGE', KEYS[1], 0, 1, 'WITHSCORES')) then
-        return false
+      local head = redis.call('ZRANGE', KEYS[1], 0, 1, 'WITHSCORES')
+      if not slidingLog(head) then
+        return nil, notSluice()
+      elseif logIsNewer(head) then
+        return nil, staleDenial()
       end
-      return nil, notSluice()
+      return false
     end
     return nil, v
   elseif not v then
     return false
   end
-  local head = byte(v, 1) or 0
+  local head = (byte(v, 1) or 0) % VERSIONED
   if head >= FORMAT and head < FORMAT + 16 then
-    local n, oldFp, exp, old = decodeState(v)
+    local n, oldFp, exp, old, v2, b = decodeState(v)
     if n == nil then
       return nil, corrupt()
     end
+    if v2 > version and now < exp and not adopt(n, b, v2, oldFp) then
+      return nil, staleDenial()
+    end
     return v, n, oldFp, exp, old
   elseif sluiceState(v) then
+    local _, _, exp, _, v2 = decodeState(v)
+    if foreignIsNewer(v2, exp) then
+      return nil, staleDenial()
+    end
     return false -- another algorithm's: start afresh
   end
   return nil, notSluice()

@@ -182,4 +182,4 @@ if expiry > now then
 else
   store(nil, expiry)
 end
-return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, binding - 1}
+return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}

@@ -8,7 +8,9 @@
 -- The key holds a sorted set, not prelude.lua's string: one member per
 -- token taken, scored with its time in µs (0 to 2^52), and two members
 -- with negative scores, which so rank first (0 and 1), for the rest:
---   - the config's fingerprint, its 8 bytes as the member, scored
+--   - the config's fingerprint, its 8 bytes as the member (for a
+--     versioned config followed by I7 version, B bandwidth count and the
+--     packed bandwidths: see logMember in prelude.lua), scored
 --     -1 - expiry (µs);
 --   - the empty string, scored -1 - (length + 65536 × serial): the tokens
 --     held and the member the next token gets.
@@ -39,6 +41,52 @@ local CHUNK = 7000 -- values per ZADD: unpack fails near 8000
 
 local key = KEYS[1]
 
+-- whole reports whether x, a stored number, is an integer in [0, 2^53).
+local function whole(x)
+  return x >= 0 and x < SATURATED and x % 1 == 0
+end
+
+-- Read the two members that hold the state, and the oldest token. found
+-- is whether the key holds a log; foreign whether it holds another
+-- algorithm's state, which Go's Apply also starts afresh.
+local found, foreign = false, false
+local exp, oldFp, oldMember, packed, length, serial, oldest = 0, '', '', 0, 0, 0, nil
+local head = redis.pcall('ZRANGE', key, 0, META, 'WITHSCORES')
+if head.err then
+  if not string.find(head.err, '^WRONGTYPE') then
+    return head
+  end
+  local v = redis.pcall('GET', key)
+  if type(v) ~= 'string' or not sluiceState(v) then
+    return notSluice()
+  end
+  local _, _, e, _, v2 = decodeState(v)
+  if foreignIsNewer(v2, e) then
+    return staleDenial()
+  end
+  foreign = true
+elseif #head > 0 then
+  -- A sorted set without the state members is not a log, damaged or not:
+  -- it is refused and left alone, as any value sluice did not write.
+  if not slidingLog(head) then
+    return notSluice()
+  end
+  local j = head[1] == '' and 1 or 3 -- head[j] is '', head[4 - j] the fingerprint
+  oldMember, exp, packed = head[4 - j], -1 - tonumber(head[5 - j]), -1 - tonumber(head[j + 1])
+  oldFp = string.sub(oldMember, 1, 8)
+  local v2, n, b = logVersion(oldMember)
+  if v2 > version and now < exp and not adopt(n, b, v2, oldFp) then
+    return staleDenial()
+  end
+  oldest = head[6] and tonumber(head[6])
+  if not oldest or not whole(oldest) then
+    return corrupt()
+  end
+  length = packed % LENGTH
+  serial = (packed - length) / LENGTH
+  found = true
+end
+
 -- The longest window and the bound on the tokens held: the smallest
 -- capacity among the bandwidths of that window.
 local longest, bound = 0, 0
@@ -53,43 +101,6 @@ end
 local span = 4 * bound
 if span < 4096 then
   span = 4096
-end
-
--- whole reports whether x, a stored number, is an integer in [0, 2^53).
-local function whole(x)
-  return x >= 0 and x < SATURATED and x % 1 == 0
-end
-
--- Read the two members that hold the state, and the oldest token. found
--- is whether the key holds a log; foreign whether it holds another
--- algorithm's state, which Go's Apply also starts afresh.
-local found, foreign = false, false
-local exp, oldFp, packed, length, serial, oldest = 0, '', 0, 0, 0, nil
-local head = redis.pcall('ZRANGE', key, 0, META, 'WITHSCORES')
-if head.err then
-  if not string.find(head.err, '^WRONGTYPE') then
-    return head
-  end
-  local v = redis.pcall('GET', key)
-  if type(v) ~= 'string' or not sluiceState(v) then
-    return notSluice()
-  end
-  foreign = true
-elseif #head > 0 then
-  -- A sorted set without the state members is not a log, damaged or not:
-  -- it is refused and left alone, as any value sluice did not write.
-  if not slidingLog(head) then
-    return notSluice()
-  end
-  local j = head[1] == '' and 1 or 3 -- head[j] is '', head[4 - j] the fingerprint
-  oldFp, exp, packed = head[4 - j], -1 - tonumber(head[5 - j]), -1 - tonumber(head[j + 1])
-  oldest = head[6] and tonumber(head[6])
-  if not oldest or not whole(oldest) then
-    return corrupt()
-  end
-  length = packed % LENGTH
-  serial = (packed - length) / LENGTH
-  found = true
 end
 
 local fresh = not found or op == RESET or now >= exp or
@@ -200,7 +211,7 @@ if length == 0 then
   if found or foreign then
     redis.call('DEL', key)
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, 0, binding - 1}
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, 0, bandOut(binding)}
 end
 
 -- The expiry: when the newest token leaves the longest window. With the
@@ -240,16 +251,17 @@ if consumed > 0 and serial + consumed > span then
   end
   serial = n / 2
 end
-if not fresh and oldFp ~= fp then
-  redis.call('ZREM', key, oldFp)
+local member = logMember()
+if not fresh and oldMember ~= member then
+  redis.call('ZREM', key, oldMember)
 end
 for j = 0, consumed - 1 do
   args[n + 1], args[n + 2] = now, serial + j
   n = n + 2
 end
 serial = serial + consumed
-if fresh or oldFp ~= fp or expiry ~= exp then
-  args[n + 1], args[n + 2] = -1 - expiry, fp
+if fresh or oldMember ~= member or expiry ~= exp then
+  args[n + 1], args[n + 2] = -1 - expiry, member
   n = n + 2
 end
 local repacked = length + LENGTH * serial
@@ -275,4 +287,4 @@ if clockGiven then
 elseif fresh or expiry > exp + -exp % 1000000 then
   redis.call('PEXPIREAT', key, (expiry + -expiry % 1000000) / 1000)
 end
-return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, binding - 1}
+return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}

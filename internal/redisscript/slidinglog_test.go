@@ -37,6 +37,8 @@ type logStored struct {
 	members []int64 // the tokens' members, in the same order
 	length  int64   // the length the state member records
 	serial  int64   // the member the next token gets
+	version uint64  // the config version the fingerprint member records
+	packed  []byte  // and, for a version above 0, its packed bandwidths
 }
 
 // logDecode parses a sliding log's sorted set, in rank order: the two
@@ -58,9 +60,12 @@ func logDecode(zs []redis.Z) (logStored, error) {
 		case name == "":
 			seen |= 1
 			s.length, s.serial = int64(v)%65536, int64(v)/65536
-		case len(name) == 8:
+		case len(name) == 8 || len(name) > 17 && int(name[15]) >= 1:
 			seen |= 2
 			s.fp, s.expiry = binary.LittleEndian.Uint64([]byte(name)), int64(v)
+			if len(name) > 8 {
+				s.version, s.packed = uintN([]byte(name[8:]), 7), []byte(name[16:])
+			}
 		}
 	}
 	if seen != 3 {
@@ -87,6 +92,9 @@ func checkLog(stored redis.Cmder, state ratelimit.State, now int64) error {
 	}
 	got, err := logDecode(zs)
 	if err != nil {
+		return err
+	}
+	if err := checkVersion(got.version, got.packed, state); err != nil {
 		return err
 	}
 	if got.fp != state.Fingerprint || got.expiry != state.ExpiresAt || !slices.Equal(got.times, state.Log) {

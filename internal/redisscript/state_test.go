@@ -1,9 +1,11 @@
 package redisscript_test
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 
+	"github.com/sluicehq/sluice/internal/redisscript"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -16,21 +18,36 @@ type storedBand struct {
 
 // decodeStored parses a value in prelude.lua's layout written for alg.
 func decodeStored(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64, bands []storedBand, err error) {
+	fp, expiry, bands, _, _, err = decodeVersioned(v, alg)
+	return fp, expiry, bands, err
+}
+
+// versionedFormat is what prelude.lua adds to the first byte of a state
+// built for a versioned config.
+const versionedFormat = 128
+
+// decodeVersioned is decodeStored that also returns the config version the
+// value records and, for a version above 0, its packed bandwidths.
+func decodeVersioned(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64, bands []storedBand, version uint64, packed []byte, err error) {
 	format := 16 * (int(alg) + 1)
-	if len(v) < 17 || int(v[0]) < format || int(v[0]) >= format+16 {
-		return 0, 0, nil, fmt.Errorf("value %x: no %v header", v, alg)
+	head := 0
+	if len(v) > 0 {
+		head = int(v[0]) % versionedFormat
 	}
-	n := int(v[0]) - format + 1
+	if len(v) < 17 || head < format || head >= format+16 {
+		return 0, 0, nil, 0, nil, fmt.Errorf("value %x: no %v header", v, alg)
+	}
+	n := head - format + 1
 	fp = binary.LittleEndian.Uint64(v[1:9])
 	expiry = int64(uintN(v[9:], 7))
 	if len(v) < 16+n {
-		return 0, 0, nil, fmt.Errorf("value %x: no widths", v)
+		return 0, 0, nil, 0, nil, fmt.Errorf("value %x: no widths", v)
 	}
 	widths, r := v[16:16+n], v[16+n:]
 	for _, w := range widths {
 		w1, w2 := int(w>>4), int(w&15)
 		if w1 < 1 || w1 > 7 || w2 < 1 || w2 > 7 || len(r) < 2*w1+2*w2+1 {
-			return 0, 0, nil, fmt.Errorf("value %x: bad widths or truncated", v)
+			return 0, 0, nil, 0, nil, fmt.Errorf("value %x: bad widths or truncated", v)
 		}
 		var b storedBand
 		b.U1, r = int64(uintN(r, w1)), r[w1:]
@@ -39,15 +56,40 @@ func decodeStored(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64, b
 		b.S2, r = intN(r, w2), r[w2:]
 		idlen := int(r[0])
 		if len(r) < 1+idlen {
-			return 0, 0, nil, fmt.Errorf("value %x: ID runs past the end", v)
+			return 0, 0, nil, 0, nil, fmt.Errorf("value %x: ID runs past the end", v)
 		}
 		b.ID, r = string(r[1:1+idlen]), r[1+idlen:]
 		bands = append(bands, b)
 	}
-	if len(r) != 0 {
-		return 0, 0, nil, fmt.Errorf("value %x: %d bytes left over", v, len(r))
+	if v[0] >= versionedFormat {
+		if len(r) < 9 || len(r) != 9+int(binary.LittleEndian.Uint16(r[7:9])) {
+			return 0, 0, nil, 0, nil, fmt.Errorf("value %x: no version and config after the bandwidths", v)
+		}
+		version, packed, r = uintN(r, 7), r[9:], nil
 	}
-	return fp, expiry, bands, nil
+	if len(r) != 0 {
+		return 0, 0, nil, 0, nil, fmt.Errorf("value %x: %d bytes left over", v, len(r))
+	}
+	return fp, expiry, bands, version, packed, nil
+}
+
+// packedBands is how a state records a versioned config: its bandwidths as
+// the request packs them, or nothing for a nil one.
+func packedBands(cfg *ratelimit.Config) []byte {
+	if cfg == nil {
+		return nil
+	}
+	arg := redisscript.NewCall("", "k", *cfg, ratelimit.Request{}, 0).Arg
+	return []byte(arg[36 : len(arg)-8])
+}
+
+// checkVersion compares the version and config a state records with
+// Apply's.
+func checkVersion(version uint64, packed []byte, state ratelimit.State) error {
+	if version != state.Version || !bytes.Equal(packed, packedBands(state.Config)) {
+		return fmt.Errorf("stored version %d, config %x\nwant version %d, config %x", version, packed, state.Version, packedBands(state.Config))
+	}
+	return nil
 }
 
 // decodeState parses a token bucket's stored value into the

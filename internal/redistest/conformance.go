@@ -85,6 +85,7 @@ func testMatchesMemory(t *testing.T, a Adapter, top topology) {
 			other = ratelimit.Algorithm(r.Uint64N(numAlgorithms))
 		}
 		cfgs := [2]ratelimit.Config{RandConfig(r, alg, false), RandConfig(r, other, false)}
+		RandVersions(r, cfgs[:])
 		key := fmt.Sprintf("matches-memory:%d:%d", run, seed)
 		cur := 0
 		for i := range steps {

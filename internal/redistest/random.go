@@ -62,6 +62,18 @@ func RandConfig(r *rand.Rand, alg ratelimit.Algorithm, big bool) ratelimit.Confi
 	}
 }
 
+// RandVersions gives half the time each config a random version from 0 to
+// 2, so that sequences switching between them run into buckets built for
+// a later version than the call's (see [ratelimit.Config.Version]).
+func RandVersions(r *rand.Rand, cfgs []ratelimit.Config) {
+	if r.IntN(2) == 0 {
+		return
+	}
+	for i := range cfgs {
+		cfgs[i].Version = r.Uint64N(3)
+	}
+}
+
 // fitBandwidth bends a random token-bucket bandwidth into one alg takes.
 func fitBandwidth(r *rand.Rand, alg ratelimit.Algorithm, b ratelimit.Bandwidth) ratelimit.Bandwidth {
 	switch alg {

@@ -88,6 +88,7 @@ var suite = []group{
 	{"Concurrency", concurrencyScenarios},
 	{"Context", contextScenarios},
 	{"Algorithms", algorithmScenarios},
+	{"Versions", versionScenarios},
 }
 
 // runID tells this run's keys from those of earlier runs against the same
