@@ -52,9 +52,10 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cfg Config, n int64) (
 }
 
 // Bucket returns a handle on the bucket at key whose config comes from
-// supply, called once per operation. sluice has no plan store of its own
-// yet: a supplier that reads yours (behind a short-lived cache) makes a
-// plan change apply on the next request.
+// supply, called once per operation. A supplier that reads plans from a
+// store behind a cache, such as the Supplier of sluice/plans' Cache,
+// makes a plan change apply on the next request; give its configs the
+// plan's [Config.Version] so that the change goes forward only.
 func (l *Limiter) Bucket(key string, supply func(context.Context) (Config, error)) *Bucket {
 	return &Bucket{limiter: l, key: key, supply: supply}
 }
