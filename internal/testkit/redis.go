@@ -1,6 +1,7 @@
-// Package testkit starts throwaway redis-server processes for the tests of
-// sluice's Redis backends, so those tests are hermetic and may run in
-// parallel, each against servers of its own.
+// Package testkit starts throwaway redis-server and PostgreSQL processes
+// for the tests of sluice's Redis backends and Postgres plan store, so
+// those tests are hermetic and may run in parallel, each against servers
+// (or databases) of its own. It runs local binaries only, never containers.
 //
 // [StartRedis] starts a standalone server and [StartCluster] a Redis Cluster
 // of three masters. Every server listens on a free 127.0.0.1 port, keeps its
@@ -19,10 +20,19 @@
 // ([InstanceSpec].Holds) so that a fault strikes at a point the calls
 // cannot run past.
 //
+// [Postgres] gives a test a database of its own, on an existing server
+// when one answers, else on a throwaway cluster; [StartPostgres] always
+// starts a cluster, which a test can stop and start again to cut off its
+// clients.
+//
 // # Requirements
 //
 // redis-server 7.0 or later (for --cluster-port and CLUSTER ADDSLOTSRANGE)
 // must be on PATH; [RequireRedisServer] says what happens when it is not.
+// PostgreSQL's initdb and postgres (13 or later, for DROP DATABASE ...
+// WITH (FORCE)) must be on PATH or in Debian's /usr/lib/postgresql, unless
+// a server answers; [RequirePostgres] and [Postgres] say what happens when
+// they are not.
 //
 // # Concurrency
 //
