@@ -12,7 +12,7 @@ GO ?= go
 # How long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 30s
 # The packages whose Fuzz targets `make fuzz` runs.
-FUZZPKGS ?= ./ratelimit ./internal/redisscript ./sharding
+FUZZPKGS ?= ./ratelimit ./internal/redisscript ./sharding ./plans ./plans/postgres
 # staticcheck, pinned so that a new release cannot fail CI overnight; bump it
 # on purpose (it must understand the Go toolchain in use). Release 2026.2.2
 # is module version v0.8.2: the module proxy knows only the latter.
@@ -81,7 +81,7 @@ $(GOBIN)/staticcheck:
 	$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: fuzz
-fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./internal/redisscript ./sharding) for FUZZTIME (30s)
+fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./internal/redisscript ./sharding ./plans ./plans/postgres) for FUZZTIME (30s)
 	for pkg in $(FUZZPKGS); do \
 	  listed="$$($(GO) test -list '^Fuzz' $$pkg)"; \
 	  targets="$$(grep '^Fuzz' <<<"$$listed" || true)"; \
