@@ -13,7 +13,9 @@ import (
 type Backend interface {
 	// Do applies req to the bucket at key atomically, creating it from cfg
 	// if absent, and converting it with req.Strategy if it was built from a
-	// config whose [Config.Fingerprint] differs.
+	// config whose [Config.Fingerprint] differs, never to an older
+	// [Config.Version] than it holds: as [Apply] decides, to the scaled
+	// unit.
 	//
 	// Do must first call [CheckRequest] and return its error, before any
 	// I/O and without changing any state. A call whose ctx is already done
