@@ -451,14 +451,10 @@ func (s *PGServer) launch() error {
 		return err
 	}
 	err = s.run(exec.Command(filepath.Join(s.bin, "postgres"), s.argv()...), func(cmd *exec.Cmd) error {
-		if err := cmd.Start(); err != nil {
+		exited, err := startWatched(cmd)
+		if err != nil {
 			return err
 		}
-		exited := make(chan struct{})
-		go func() {
-			_ = cmd.Wait() // the exit status is in cmd.ProcessState
-			close(exited)
-		}()
 		s.cmd, s.exited = cmd, exited
 		return nil
 	})
@@ -479,21 +475,7 @@ func (s *PGServer) launch() error {
 // waitReady polls until the server accepts connections, exits or runs out
 // of time.
 func (s *PGServer) waitReady() error {
-	deadline := time.Now().Add(pgReadyTimeout)
-	for {
-		err := s.probe()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer from %s within %v: %w", s.Addr(), pgReadyTimeout, err)
-		}
-		select {
-		case <-s.exited:
-			return fmt.Errorf("postgres on %s exited: %v", s.Addr(), s.cmd.ProcessState)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	return pollReady("postgres", s.Addr(), pgReadyTimeout, s.cmd, s.exited, s.probe)
 }
 
 // probe checks that the server on s's address answers and is s's: after

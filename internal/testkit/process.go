@@ -88,14 +88,10 @@ func (r *Redis) launch() error {
 	// stderr. Files rather than pipes, so no goroutines copy output.
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
+	exited, err := startWatched(cmd)
+	if err != nil {
 		return err
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait() // the exit status is in cmd.ProcessState
-		close(exited)
-	}()
 	r.cmd, r.exited = cmd, exited
 
 	if err := r.waitReady(); err != nil {
@@ -111,18 +107,39 @@ func (r *Redis) launch() error {
 
 // waitReady polls until the server answers, exits or runs out of time.
 func (r *Redis) waitReady() error {
-	deadline := time.Now().Add(readyTimeout)
+	return pollReady("redis-server", r.Addr(), readyTimeout, r.cmd, r.exited, func() error { return probe(r.Addr(), r.cmd.Process.Pid) })
+}
+
+// startWatched starts cmd and returns a channel closed once it has exited
+// and been reaped.
+func startWatched(cmd *exec.Cmd) (chan struct{}, error) {
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait() // the exit status is in cmd.ProcessState
+		close(exited)
+	}()
+	return exited, nil
+}
+
+// pollReady polls probe until it succeeds, the server's process (cmd,
+// from startWatched with exited) exits, or timeout passes. name and addr
+// name the server in its errors.
+func pollReady(name, addr string, timeout time.Duration, cmd *exec.Cmd, exited <-chan struct{}, probe func() error) error {
+	deadline := time.Now().Add(timeout)
 	for {
-		err := probe(r.Addr(), r.cmd.Process.Pid)
+		err := probe()
 		if err == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer from %s within %v: %w", r.Addr(), readyTimeout, err)
+			return fmt.Errorf("no answer from %s within %v: %w", addr, timeout, err)
 		}
 		select {
-		case <-r.exited:
-			return fmt.Errorf("redis-server on %s exited: %v", r.Addr(), r.cmd.ProcessState)
+		case <-exited:
+			return fmt.Errorf("%s on %s exited: %v", name, addr, cmd.ProcessState)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
