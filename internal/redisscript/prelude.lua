@@ -274,11 +274,13 @@ local function slidingLog(head)
     logStateScore(head[2]) and logStateScore(head[4])
 end
 
--- sluiceState reports whether v is shaped like a state that some sluice
--- script keeps in a string.
+-- sluiceState decodes v, as decodeState does, if it is shaped like a state
+-- that some sluice script keeps in a string; else it returns nothing.
 local function sluiceState(v)
   local head = (byte(v, 1) or 0) % VERSIONED
-  return head >= 16 and head < FORMATS_END and decodeState(v) ~= nil
+  if head >= 16 and head < FORMATS_END then
+    return decodeState(v)
+  end
 end
 
 -- foreignIsNewer reports whether another algorithm's state, with version v
@@ -328,14 +330,14 @@ local function readState()
       return nil, staleDenial()
     end
     return v, n, oldFp, exp, old
-  elseif sluiceState(v) then
-    local _, _, exp, _, v2 = decodeState(v)
-    if foreignIsNewer(v2, exp) then
-      return nil, staleDenial()
-    end
-    return false -- another algorithm's: start afresh
   end
-  return nil, notSluice()
+  local n, _, exp, _, v2 = sluiceState(v)
+  if n == nil then
+    return nil, notSluice()
+  elseif foreignIsNewer(v2, exp) then
+    return nil, staleDenial()
+  end
+  return false -- another algorithm's: start afresh
 end
 
 -- store writes the state v (from encodeState) to expire at expiry, or

@@ -57,11 +57,13 @@ if head.err then
     return head
   end
   local v = redis.pcall('GET', key)
-  if type(v) ~= 'string' or not sluiceState(v) then
-    return notSluice()
+  local n, _, e, _, v2
+  if type(v) == 'string' then
+    n, _, e, _, v2 = sluiceState(v)
   end
-  local _, _, e, _, v2 = decodeState(v)
-  if foreignIsNewer(v2, e) then
+  if n == nil then
+    return notSluice()
+  elseif foreignIsNewer(v2, e) then
     return staleDenial()
   end
   foreign = true
