@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/backend/memory"
+	"github.com/sluicehq/sluice/failpolicy"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/ratelimit/ratelimittest"
+	"github.com/sluicehq/sluice/sharding"
 )
 
 // newExampleClock is a hand-driven clock that keeps the examples' output
@@ -193,4 +195,41 @@ func ExampleAlgorithm() {
 	// Output:
 	// FixedWindow: 1 of 1 at 0s, 2 of 2 at 40s, 3 of 4 at 60s, retry after 1m0s
 	// SlidingWindowLog: 1 of 1 at 0s, 2 of 2 at 40s, 1 of 4 at 60s, retry after 40s
+}
+
+// Stack puts each decorator in its place, whatever the order they are
+// given in: here sharding splits the key "global" 4 ways, above a fail
+// policy that judges each sub-bucket's call on its own, above the store.
+func ExampleStack() {
+	store := memory.New(memory.WithClock(newExampleClock()))
+	defer store.Close()
+	backend, err := ratelimit.Stack(store,
+		sharding.Layer(sharding.Keys(4, "global")),
+		failpolicy.Layer(failpolicy.Closed, failpolicy.WithTimeout(time.Second)),
+	)
+	if err != nil {
+		fmt.Println("error:", err)
+		return
+	}
+	defer backend.Close() // the layers; the store is the caller's to close
+	limiter := ratelimit.New(backend)
+	ctx := context.Background()
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(1000)}}
+
+	d, err := limiter.Allow(ctx, "global", cfg)
+	if err != nil {
+		fmt.Println("error:", err)
+		return
+	}
+	fmt.Printf("allowed %v, limit %d, decided by the store: %v\n", d.Allowed, d.Limit, !d.Degraded)
+	// Each of the 4 sub-buckets holds 250: one request may take no more.
+	_, err = limiter.AllowN(ctx, "global", cfg, 251)
+	fmt.Println(errors.Is(err, ratelimit.ErrInvalidRequest))
+
+	_, err = ratelimit.Stack(store, sharding.Layer(), failpolicy.Layer(failpolicy.Open), sharding.Layer())
+	fmt.Println(err)
+	// Output:
+	// allowed true, limit 1000, decided by the store: true
+	// true
+	// ratelimit: invalid config: Stack: two sharding layers
 }
