@@ -47,6 +47,37 @@ func ExampleWrap() {
 	// request 6: allowed false, degraded true, BreakerOpen
 }
 
+// Layer puts the policy in its place in a [ratelimit.Stack], next to the
+// store, whatever the order the layers are given in. The stack's Close
+// closes the policy, not the store. A bad option is an error naming the
+// layer.
+func ExampleLayer() {
+	store := memory.New()
+	defer store.Close()
+	backend, err := ratelimit.Stack(store, failpolicy.Layer(failpolicy.Local, failpolicy.WithInstances(4), failpolicy.WithTimeout(time.Second)))
+	if err != nil {
+		panic(err)
+	}
+	defer backend.Close()
+	limiter := ratelimit.New(backend)
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerMinute(2)}}
+	for i := 1; i <= 3; i++ {
+		d, err := limiter.Allow(context.Background(), "user:1", cfg)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("request %d: allowed %v, degraded %v\n", i, d.Allowed, d.Degraded)
+	}
+
+	_, err = ratelimit.Stack(store, failpolicy.Layer(failpolicy.Closed, failpolicy.WithTimeout(0)))
+	fmt.Println(err)
+	// Output:
+	// request 1: allowed true, degraded false
+	// request 2: allowed true, degraded false
+	// request 3: allowed false, degraded false
+	// ratelimit: Stack: the fail policy layer: ratelimit: invalid config: failpolicy: WithTimeout 0s is not positive
+}
+
 // Hooks count what the policy decided, for metrics.
 func ExampleWithHooks() {
 	var degraded int

@@ -377,6 +377,11 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
+// Unwrap returns the Backend that b sends decisions to, so that a
+// decorator over b (the otel module's, naming the store in its spans)
+// can find the store below.
+func (b *Backend) Unwrap() ratelimit.Backend { return b.next }
+
 // Close releases the Local mode's buckets. It is safe to call more than
 // once, and does nothing for the other modes. It does not close the next
 // Backend.
