@@ -130,3 +130,37 @@ func ExampleBackend_Slots() {
 		fmt.Printf("sub-bucket %d: slot %5d on %s (key %q)\n", i, s.Slot, s.Master, s.Key)
 	}
 }
+
+// Hooks.Retried is told each time a request moves on from a sub-bucket,
+// and why. Here every request goes first to sub-bucket 0, which holds 2
+// of the 4 tokens: the third request moves on to sub-bucket 1.
+func ExampleWithHooks() {
+	mem := memory.New()
+	defer mem.Close()
+	first := func(context.Context, string) uint64 { return 0 }
+	backend, err := sharding.New(mem,
+		sharding.Keys(2, "global").WithAffinity(first),
+		sharding.WithHooks(sharding.Hooks{
+			Retried: func(_ context.Context, key string, reason sharding.RetryReason) {
+				fmt.Printf("  %s: moved on, %v\n", key, reason)
+			},
+		}),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	limiter := ratelimit.New(backend)
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(4)}}
+	for i := 1; i <= 3; i++ {
+		d, err := limiter.Allow(context.Background(), "global", cfg)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("request %d: allowed %v\n", i, d.Allowed)
+	}
+	// Output:
+	// request 1: allowed true
+	// request 2: allowed true
+	//   global: moved on, rejected
+	// request 3: allowed true
+}

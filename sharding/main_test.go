@@ -32,13 +32,22 @@ func newMemory(t testing.TB, clock ratelimit.Clock) *memory.Backend {
 }
 
 // mustNew is New that fails the test on error.
-func mustNew(t testing.TB, next ratelimit.Backend, rules ...Rule) *Backend {
+func mustNew(t testing.TB, next ratelimit.Backend, opts ...Option) *Backend {
 	t.Helper()
-	b, err := New(next, rules...)
+	b, err := New(next, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// options is rules as New's options.
+func options(rules []Rule) []Option {
+	opts := make([]Option, len(rules))
+	for i, r := range rules {
+		opts[i] = r
+	}
+	return opts
 }
 
 func config(bws ...ratelimit.Bandwidth) ratelimit.Config {

@@ -68,7 +68,7 @@ func TestNamesOnTarget(t *testing.T) {
 		}
 	}
 	rules = append(rules, Prefix(6, "tenant:"))
-	b1, b2 := mustNew(t, slotted{mem}, rules...), mustNew(t, slotted{mem}, rules...)
+	b1, b2 := mustNew(t, slotted{mem}, options(rules)...), mustNew(t, slotted{mem}, options(rules)...)
 	seen := map[string]string{} // sub-key -> whose
 	check := func(key string, n int) {
 		t.Helper()

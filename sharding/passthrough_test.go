@@ -61,7 +61,8 @@ func TestPassThrough(t *testing.T) {
 func TestPassThroughAllocs(t *testing.T) {
 	clock := newClock()
 	bare := newMemory(t, clock)
-	b := mustNew(t, newMemory(t, clock), Keys(4, "hot"), Prefix(3, "zzz-hot:"), Match(5, func(k string) bool { return k == "match" }))
+	hooks := WithHooks(Hooks{Retried: func(context.Context, string, RetryReason) { t.Error("Retried called for a key passed through") }})
+	b := mustNew(t, newMemory(t, clock), Keys(4, "hot"), Prefix(3, "zzz-hot:"), Match(5, func(k string) bool { return k == "match" }), hooks)
 	cfg := config(ratelimit.PerHour(1_000_000_000))
 	ctx := context.Background()
 	allocs := func(be ratelimit.Backend, key string) float64 {
@@ -261,7 +262,7 @@ func TestNewRefusesBadRules(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, err := New(mem, tt.rules...)
+			b, err := New(mem, options(tt.rules)...)
 			if !errors.Is(err, ratelimit.ErrInvalidConfig) || !strings.Contains(err.Error(), "sharding: "+tt.want) || b != nil {
 				t.Errorf("New: %v, %v; want nil and ErrInvalidConfig: %q", b, err, tt.want)
 			}
@@ -273,6 +274,29 @@ func TestNewRefusesBadRules(t *testing.T) {
 	if _, err := New(mem); err != nil {
 		t.Errorf("New with no rules: %v", err)
 	}
+	// Hooks options between the rules do not count as rules.
+	hooks := WithHooks(Hooks{})
+	if _, err := New(mem, hooks, ok, hooks, Keys(1, "a")); err == nil || !strings.Contains(err.Error(), "sharding: rule 1: n must be") {
+		t.Errorf("New(hooks, ok, hooks, bad): %v; want the bad rule named rule 1", err)
+	}
+	var nilRule *Rule
+	for _, tt := range []struct {
+		opts []Option
+		want string
+	}{
+		{[]Option{ok, nil}, "sharding: option 1 is nil"},
+		{[]Option{nilRule}, "sharding: option 0 is a nil *Rule"},
+	} {
+		if b, err := New(mem, tt.opts...); !errors.Is(err, ratelimit.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) || b != nil {
+			t.Errorf("New(%v): %v, %v; want nil and ErrInvalidConfig: %q", tt.opts, b, err, tt.want)
+		}
+	}
+	r := Keys(3, "ptr")
+	if b, err := New(mem, &r); err != nil {
+		t.Errorf("New(&rule): %v", err)
+	} else if n := len(subKeys(t, b, "ptr")); n != 3 {
+		t.Errorf("New(&rule) split its key %d ways; want 3", n)
+	}
 }
 
 // TestRulePrecedence: a Keys rule's key is that rule's though a Prefix or
@@ -281,7 +305,7 @@ func TestNewRefusesBadRules(t *testing.T) {
 // caller's slice afterwards changes nothing.
 func TestRulePrecedence(t *testing.T) {
 	mem := newMemory(t, newClock())
-	rules := []Rule{Prefix(3, "api:"), Match(5, func(k string) bool { return strings.HasSuffix(k, "x") }), Keys(4, "api:x"), Prefix(6, "ap")}
+	rules := []Option{Prefix(3, "api:"), Match(5, func(k string) bool { return strings.HasSuffix(k, "x") }), Keys(4, "api:x"), Prefix(6, "ap")}
 	b := mustNew(t, mem, rules...)
 	rules[0], rules[2] = Prefix(7, "zz"), Keys(8, "zz")
 	for key, n := range map[string]int{"api:x": 4, "api:y": 3, "apx": 5, "apy": 6} {

@@ -53,7 +53,8 @@
 // policy inside this decorator denied (a Degraded rejection), does not
 // count as a retry: the request moves on to the next one, so a stalled
 // master fails only the sub-buckets on it. A caller's own context ending
-// ends the call at once, with the context's error.
+// ends the call at once, with the context's error. [Hooks.Retried],
+// set with [WithHooks], is told each time a request moves on, and why.
 //
 // The Decision reports the whole key: Limit is the configured capacity of
 // the binding bandwidth; Remaining is an estimate, the sub-buckets seen
@@ -110,6 +111,14 @@
 // master fail fast and this decorator moves on to the others. In Closed
 // mode nothing is admitted beyond the limit. Open and Local admit a
 // degraded sub-bucket's request as those modes do.
+//
+// [ratelimit.Stack] puts the two in that order whatever order they are
+// given in, with [Layer] and failpolicy.Layer:
+//
+//	backend, err := ratelimit.Stack(redisBackend,
+//		sharding.Layer(sharding.Keys(6, "global")),
+//		failpolicy.Layer(failpolicy.Closed),
+//	)
 package sharding
 
 import (
@@ -142,6 +151,7 @@ type Backend struct {
 	rules     []*Rule // the Prefix and Match rules, in order
 	namer     namer
 	splits    splitCache
+	hooks     Hooks
 }
 
 // hotKey is a Keys rule's key: its rule and its sub-keys, named once.
@@ -152,30 +162,55 @@ type hotKey struct {
 
 var _ ratelimit.Backend = (*Backend)(nil)
 
-// New returns a Backend that splits the keys rules match, and passes every
-// other key to next. A key matched by a Keys rule is that rule's; any
-// other, the first Prefix or Match rule's that matches it, in the order
-// given. A bad rule (no keys, n out of range, retries of n or more, a key
-// too long to split, a key in two Keys rules) is an error wrapping
-// [ratelimit.ErrInvalidConfig] that names it.
-func New(next ratelimit.Backend, rules ...Rule) (*Backend, error) {
+// New returns a Backend that splits the keys its rules match, and passes
+// every other key to next; opts are the [Rule]s and [WithHooks]. A key
+// matched by a Keys rule is that rule's; any other, the first Prefix or
+// Match rule's that matches it, in the order given. A nil option or a bad
+// rule (no keys, n out of range, retries of n or more, a key too long to
+// split, a key in two Keys rules) is an error wrapping
+// [ratelimit.ErrInvalidConfig] that names it: "rule i" is the i-th rule,
+// counting rules only.
+func New(next ratelimit.Backend, opts ...Option) (*Backend, error) {
 	if next == nil {
 		return nil, fmt.Errorf("%w: sharding: the next Backend is nil", ratelimit.ErrInvalidConfig)
 	}
 	b := &Backend{next: next}
+	var rules []Rule
+	for i, opt := range opts {
+		switch o := opt.(type) {
+		case Rule:
+			rules = append(rules, o)
+		case *Rule:
+			if o == nil {
+				return nil, fmt.Errorf("%w: sharding: option %d is a nil *Rule", ratelimit.ErrInvalidConfig, i)
+			}
+			rules = append(rules, *o)
+		case hooksOption:
+			b.hooks = o.h
+		default:
+			return nil, fmt.Errorf("%w: sharding: option %d is nil", ratelimit.ErrInvalidConfig, i)
+		}
+	}
 	if s, ok := next.(ratelimit.SlotMapper); ok {
 		if _, ok := s.Slot("k"); ok {
 			b.namer.slots = s
 		}
 	}
+	if err := b.addRules(rules); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// addRules checks rules and indexes them. rules is New's own copy, which
+// the Backend keeps pointers into: the caller's slice is not shared.
+func (b *Backend) addRules(rules []Rule) error {
 	owner := map[string]int{}
 	for i := range rules {
 		r := &rules[i]
 		if err := r.check(i); err != nil {
-			return nil, err
+			return err
 		}
-		rc := *r // each rule once, off the caller's slice
-		r = &rc
 		if r.keys == nil {
 			b.rules = append(b.rules, r)
 			continue
@@ -186,9 +221,9 @@ func New(next ratelimit.Backend, rules ...Rule) (*Backend, error) {
 		for _, k := range r.keys {
 			if j, ok := owner[k]; ok {
 				if j == i {
-					return nil, fmt.Errorf("%w: sharding: rule %d: Keys has key %q twice", ratelimit.ErrInvalidConfig, i, k)
+					return fmt.Errorf("%w: sharding: rule %d: Keys has key %q twice", ratelimit.ErrInvalidConfig, i, k)
 				}
-				return nil, fmt.Errorf("%w: sharding: rule %d: key %q is rule %d's already", ratelimit.ErrInvalidConfig, i, k, j)
+				return fmt.Errorf("%w: sharding: rule %d: key %q is rule %d's already", ratelimit.ErrInvalidConfig, i, k, j)
 			}
 			owner[k] = i
 			b.exact[k] = hotKey{rule: r, names: b.namer.names(k, r.n, false)}
@@ -198,11 +233,11 @@ func New(next ratelimit.Backend, rules ...Rule) (*Backend, error) {
 	for i, r := range rules {
 		for _, k := range r.keys {
 			if b.isSubKey(k) {
-				return nil, fmt.Errorf("%w: sharding: rule %d: key %q has the form of a sub-bucket's key of another hot key, which Do rejects", ratelimit.ErrInvalidConfig, i, k)
+				return fmt.Errorf("%w: sharding: rule %d: key %q has the form of a sub-bucket's key of another hot key, which Do rejects", ratelimit.ErrInvalidConfig, i, k)
 			}
 		}
 	}
-	return b, nil
+	return nil
 }
 
 // hot returns the rule that splits key and its sub-keys, or a nil rule.
@@ -247,6 +282,11 @@ func (b *Backend) matching(key string) *Rule {
 	}
 	return nil
 }
+
+// Unwrap returns the Backend that b splits keys over, so that a
+// decorator over b (the otel module's, naming the store in its spans)
+// can find the store below.
+func (b *Backend) Unwrap() ratelimit.Backend { return b.next }
 
 // Do applies req to the bucket at key: split over its sub-buckets if a
 // rule matches key, else as the next Backend does; see the package doc
@@ -436,13 +476,18 @@ var sentinels = []error{
 func (c *call) route() (ratelimit.Decision, error) {
 	var v view
 	start, rejected := c.first(), 0
+	var why RetryReason // why the request left the last sub-bucket
 	for j := 0; j < c.n && rejected <= c.rule.retries; j++ {
+		if j > 0 {
+			c.retried(why)
+		}
 		d, err := c.sub((start+j)%c.n, c.req)
 		switch o, err := c.judge(d, err); o {
 		case finished:
 			return ratelimit.Decision{}, err
 		case skipped:
 			v.skip(d, err)
+			why = skipReason(err)
 			continue
 		}
 		v.see(d)
@@ -450,8 +495,28 @@ func (c *call) route() (ratelimit.Decision, error) {
 			return v.whole(c.cfg, d), nil
 		}
 		rejected++
+		why = RetryRejected
 	}
 	return c.result(&v)
+}
+
+// retried tells the hooks that the request moves on to another
+// sub-bucket, and why. It is called before the next sub-bucket is, and
+// only then, so that a request its first sub-bucket decides, or whose
+// last try spent the retries, makes no call.
+func (c *call) retried(why RetryReason) {
+	if h := c.b.hooks.Retried; h != nil {
+		h(c.ctx, c.key, why)
+	}
+}
+
+// skipReason is why a request moved on from a sub-bucket that [call.judge]
+// skipped with err: it failed, or with no error, a fail policy denied.
+func skipReason(err error) RetryReason {
+	if err != nil {
+		return RetryFailed
+	}
+	return RetryDegraded
 }
 
 // result is the call's outcome when no sub-bucket allowed it: the
@@ -476,7 +541,11 @@ func (c *call) gather() (ratelimit.Decision, error) {
 	want, got := c.req.Tokens, int64(0)
 	start, visited := c.first(), 0
 	var last ratelimit.Decision // of the last sub-bucket that gave tokens
+	var why RetryReason         // why the request left the last sub-bucket
 	for j := 0; j < c.n && visited <= c.rule.retries && got < want; j++ {
+		if j > 0 {
+			c.retried(why)
+		}
 		req := c.req
 		req.Tokens = want - got
 		d, err := c.sub((start+j)%c.n, req)
@@ -485,10 +554,12 @@ func (c *call) gather() (ratelimit.Decision, error) {
 			return ratelimit.Decision{}, err
 		case skipped:
 			v.skip(d, err)
+			why = skipReason(err)
 			continue
 		}
 		v.see(d)
 		visited++
+		why = RetryRejected
 		if d.Consumed > 0 {
 			got += d.Consumed
 			last = d

@@ -66,8 +66,8 @@ func BenchmarkHotKey(b *testing.B) {
 	}
 }
 
-func mustShard(b *testing.B, next ratelimit.Backend, rules ...sharding.Rule) ratelimit.Backend {
-	s, err := sharding.New(next, rules...)
+func mustShard(b *testing.B, next ratelimit.Backend, opts ...sharding.Option) ratelimit.Backend {
+	s, err := sharding.New(next, opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
