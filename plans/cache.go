@@ -66,11 +66,37 @@ func DefaultPlan() Plan {
 	return Plan{Name: "default", Bandwidths: []ratelimit.Bandwidth{ratelimit.PerMinute(60)}}
 }
 
-// Hooks are called as a [Cache] reads its store, for logs and metrics.
-// Every field may be nil. They are called synchronously by the goroutine
-// that read the store, once per read (not per request), possibly from
-// many goroutines at once: they must be quick and safe for concurrent use.
+// Hooks are called by a [Cache], for logs and metrics. Every field may be
+// nil. They are called synchronously, possibly from many goroutines at
+// once: they must be quick and safe for concurrent use.
+//
+// Hit and Miss count lookups: each call of [Cache.Lookup] or [Cache.Config]
+// (and so of a [Cache.Supplier] func) calls exactly one of them, once, on
+// the caller's goroutine, so Hit/(Hit+Miss) is the cache's hit ratio.
+// Loaded, StaleServed and LoadFailed count store reads: one of them is
+// called once per read (not per lookup, since callers share a read) by
+// the goroutine that read.
 type Hooks struct {
+	// Hit is called for a lookup served from the cache without reading the
+	// store: the subject's entry is within its TTL (or negative TTL), with
+	// no invalidation or resync since its read; or a read of the subject
+	// failed and its retry ([WithRetryBackoff]) is not due, so the last
+	// good plan, or the default plan, is served as after the failure. It
+	// is on the hot path: unset, it costs a nil check; set, the cache adds
+	// no allocation to the call.
+	Hit func(subject string)
+	// Miss is called for a lookup that found no entry it could serve: the
+	// subject is new, or was dropped from a full cache; its TTL (or
+	// negative TTL) has passed; an invalidation or a resync came since its
+	// read; or a failed read's retry is due. Such a lookup reads the
+	// store, or waits for the read of the subject that another lookup has
+	// in flight (a singleflight join); it is a Miss whichever it does, and
+	// also when the read it went for ended just before it asked, leaving
+	// an entry it serves with no read of its own, and when its ctx ends
+	// first and it returns ctx's error. Miss is called before the lookup
+	// goes to the store, so before the Loaded, StaleServed or LoadFailed
+	// of a read it starts.
+	Miss func(subject string)
 	// Loaded is called after a read that succeeded, with the assignment the
 	// store returned.
 	Loaded func(subject string, a Assignment)
@@ -82,6 +108,18 @@ type Hooks struct {
 	// not valid, for a subject with no good read yet: the default plan is
 	// served until the read is retried.
 	LoadFailed func(subject string, err error)
+}
+
+func (h *Hooks) hit(subject string) {
+	if h.Hit != nil {
+		h.Hit(subject)
+	}
+}
+
+func (h *Hooks) miss(subject string) {
+	if h.Miss != nil {
+		h.Miss(subject)
+	}
 }
 
 func (h *Hooks) loaded(subject string, a Assignment) {
@@ -192,7 +230,8 @@ func WithDefault(p Plan) CacheOption {
 	}
 }
 
-// WithHooks sets the functions called as the cache reads its store.
+// WithHooks sets the functions called as the cache serves lookups and
+// reads its store.
 func WithHooks(h Hooks) CacheOption {
 	return func(o *cacheOptions) error {
 		o.hooks = h
@@ -393,8 +432,10 @@ func (c *Cache) resyncLocked() {
 func (c *Cache) entry(ctx context.Context, subject string) (*entry, error) {
 	now := time.Now()
 	if e, ok := c.entries.Get(subject); ok && c.usable(e, now) {
+		c.opts.hooks.hit(subject)
 		return e, nil
 	}
+	c.opts.hooks.miss(subject)
 	return c.load(ctx, subject)
 }
 

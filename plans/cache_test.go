@@ -626,6 +626,179 @@ func TestCacheResync(t *testing.T) {
 	})
 }
 
+// lookupHooks is ev's hooks with Hit and Miss logged too, as "hit s" and
+// "miss s", so that expect sees them in order with the reads.
+func lookupHooks(ev *events) Hooks {
+	h := ev.hooks()
+	h.Hit = func(subject string) { ev.add("hit " + subject) }
+	h.Miss = func(subject string) { ev.add("miss " + subject) }
+	return h
+}
+
+// TestCacheHitMiss: each lookup is one Hit or one Miss: a Miss when the
+// store must be read (cold, past the TTL or negative TTL, invalidated,
+// resynced, a failed read's retry due, a done ctx), called before the
+// read's own hook; otherwise a Hit, a stale or default plan served
+// within a failed read's backoff included.
+func TestCacheHitMiss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, ev := newFakeStore(), new(events)
+		s.set("acme", 1, plan("pro", 2, 100))
+		c := mustCache(t, s, WithHooks(lookupHooks(ev)), WithTTL(time.Minute), WithNegativeTTL(10*time.Second), WithRetryBackoff(time.Second))
+		ctx := t.Context()
+
+		lookup(t, c, "acme")
+		expect(t, s, 1, ev, "miss acme", "loaded acme: pro v2, assignment v1")
+		lookup(t, c, "acme")
+		capacity(t, c, "acme")
+		if _, err := c.Supplier("acme")(ctx); err != nil {
+			t.Fatal(err)
+		}
+		expect(t, s, 1, ev, "hit acme", "hit acme", "hit acme")
+
+		time.Sleep(time.Minute - time.Nanosecond)
+		lookup(t, c, "acme")
+		expect(t, s, 1, ev, "hit acme")
+		time.Sleep(time.Nanosecond)
+		lookup(t, c, "acme")
+		lookup(t, c, "acme")
+		expect(t, s, 2, ev, "miss acme", "loaded acme: pro v2, assignment v1", "hit acme")
+
+		s.set("acme", 3, plan("pro", 2, 100))
+		c.Invalidate(Change{Kind: AssignmentChanged, ID: "acme", Version: 3})
+		lookup(t, c, "acme")
+		lookup(t, c, "acme")
+		expect(t, s, 3, ev, "miss acme", "loaded acme: pro v2, assignment v3", "hit acme")
+
+		s.set("acme", 3, plan("pro", 4, 100))
+		c.Invalidate(Change{Kind: PlanChanged, ID: "pro", Version: 4})
+		lookup(t, c, "acme")
+		c.Resync()
+		lookup(t, c, "acme")
+		lookup(t, c, "acme")
+		expect(t, s, 5, ev, "miss acme", "loaded acme: pro v4, assignment v3", "miss acme", "loaded acme: pro v4, assignment v3", "hit acme")
+
+		// A failed read: its stale plan, within the backoff, is a hit.
+		s.fail(errDown)
+		c.Resync()
+		lookup(t, c, "acme")
+		time.Sleep(time.Second - time.Nanosecond)
+		lookup(t, c, "acme")
+		time.Sleep(time.Nanosecond)
+		lookup(t, c, "acme")
+		expect(t, s, 7, ev, "miss acme", "stale acme: connection refused", "hit acme", "miss acme", "stale acme: connection refused")
+
+		// So is the default plan, for a subject never read.
+		lookup(t, c, "newcomer")
+		lookup(t, c, "newcomer")
+		expect(t, s, 8, ev, "miss newcomer", "failed newcomer: connection refused", "hit newcomer")
+		s.fail(nil)
+
+		// A subject with no plan, for the negative TTL.
+		time.Sleep(time.Second)
+		lookup(t, c, "newcomer")
+		time.Sleep(10*time.Second - time.Nanosecond)
+		lookup(t, c, "newcomer")
+		time.Sleep(time.Nanosecond)
+		lookup(t, c, "newcomer")
+		expect(t, s, 10, ev, "miss newcomer", "loaded newcomer:  v0, assignment v0", "hit newcomer", "miss newcomer", "loaded newcomer:  v0, assignment v0")
+
+		// A lookup that ends with its ctx's error is a miss; a cached
+		// subject is a hit whatever the ctx.
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		if _, err := c.Config(done, "cold"); !errors.Is(err, context.Canceled) {
+			t.Errorf("Config(done ctx) of a cold subject: %v, want context.Canceled", err)
+		}
+		if _, err := c.Lookup(done, "newcomer"); err != nil {
+			t.Errorf("Lookup(done ctx) of a cached subject: %v", err)
+		}
+		expect(t, s, 10, ev, "miss cold", "hit newcomer")
+	})
+}
+
+// hitCounter counts Hit and Miss calls.
+type hitCounter struct{ hits, misses atomic.Int64 }
+
+func (h *hitCounter) hooks() Hooks {
+	return Hooks{
+		Hit:  func(string) { h.hits.Add(1) },
+		Miss: func(string) { h.misses.Add(1) },
+	}
+}
+
+// check checks the counts since the last check, and forgets them.
+func (h *hitCounter) check(t *testing.T, hits, misses int64) {
+	t.Helper()
+	if got, gotMisses := h.hits.Swap(0), h.misses.Swap(0); got != hits || gotMisses != misses {
+		t.Errorf("%d hits and %d misses, want %d and %d", got, gotMisses, hits, misses)
+	}
+}
+
+// TestCacheStampedeHitMiss: lookups of a cold subject that wait for its
+// one read are each a Miss, however many join it; those after it are
+// hits; and racing lookups make exactly one Hit or Miss each.
+func TestCacheStampedeHitMiss(t *testing.T) {
+	const callers = 100
+	lookups := func(c *Cache, subject string, n int) *sync.WaitGroup {
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				if _, err := c.Config(context.Background(), subject); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		return &wg
+	}
+	t.Run("AllJoin", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, h := newFakeStore(), new(hitCounter)
+			release := s.hold()
+			c := mustCache(t, s, WithHooks(h.hooks()))
+			wg := lookups(c, "acme", callers)
+			synctest.Wait() // every lookup waits on the one read
+			h.check(t, 0, callers)
+			release()
+			wg.Wait()
+			h.check(t, 0, 0)
+			if n := s.reads(); n != 1 {
+				t.Errorf("store read %d times, want 1", n)
+			}
+		})
+	})
+	t.Run("JoinThenHit", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, h := newFakeStore(), new(hitCounter)
+			release := s.hold()
+			c := mustCache(t, s, WithHooks(h.hooks()))
+			joined := lookups(c, "acme", 60)
+			synctest.Wait()
+			release()
+			joined.Wait()
+			lookups(c, "acme", callers-60).Wait()
+			h.check(t, callers-60, 60)
+			if n := s.reads(); n != 1 {
+				t.Errorf("store read %d times, want 1", n)
+			}
+		})
+	})
+	t.Run("Racing", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, h := newFakeStore(), new(hitCounter)
+			c := mustCache(t, s, WithHooks(h.hooks()))
+			lookups(c, "acme", callers).Wait()
+			hits, misses := h.hits.Load(), h.misses.Load()
+			if hits+misses != callers || misses < 1 {
+				t.Errorf("%d lookups: %d hits and %d misses; want %d in all, at least the first a miss", callers, hits, misses, callers)
+			}
+			if n := s.reads(); n != 1 {
+				t.Errorf("store read %d times, want 1", n)
+			}
+		})
+	})
+}
+
 func TestCacheInFlightInvalidation(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -756,6 +929,16 @@ func TestCacheHitAllocs(t *testing.T) {
 	capacity(t, c, "acme")
 	if n := testing.AllocsPerRun(1000, func() { _, _ = c.Config(ctx, "acme") }); n != 0 {
 		t.Errorf("Config of a cached subject allocates %v times, want 0", n)
+	}
+
+	h := new(hitCounter)
+	c = mustCache(t, s, WithTTL(time.Hour), WithHooks(h.hooks()))
+	capacity(t, c, "acme")
+	if n := testing.AllocsPerRun(1000, func() { _, _ = c.Config(ctx, "acme") }); n != 0 {
+		t.Errorf("Config of a cached subject, with a Hit hook, allocates %v times, want 0", n)
+	}
+	if hits, misses := h.hits.Load(), h.misses.Load(); hits != 1001 || misses != 1 {
+		t.Errorf("%d hits and %d misses, want 1001 (AllocsPerRun's warm-up run and its 1000) and 1", hits, misses)
 	}
 }
 

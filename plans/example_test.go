@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/plans"
@@ -112,6 +113,32 @@ func ExampleWithHooks() {
 	// acme is on pro
 	// serving newcomer the default plan: dial tcp: connection refused
 	// newcomer is on default
+}
+
+// Hit and Miss count lookups, for the cache's hit ratio; Loaded and the
+// other hooks count the store's reads.
+func ExampleHooks() {
+	pro := plans.Plan{Name: "pro", Version: 7, Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(50)}}
+	var hits, misses, reads atomic.Int64
+	cache, err := plans.NewCache(tenants{"acme": {Subject: "acme", Version: 9, Plan: pro}}, plans.WithHooks(plans.Hooks{
+		Hit:    func(string) { hits.Add(1) },
+		Miss:   func(string) { misses.Add(1) },
+		Loaded: func(string, plans.Assignment) { reads.Add(1) },
+	}))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for range 5 {
+		cache.Config(ctx, "acme")
+	}
+	cache.Resync() // a change feed reconnected: the next lookup reads again
+	for range 5 {
+		cache.Config(ctx, "acme")
+	}
+	fmt.Printf("%d hits, %d misses, %d store reads\n", hits.Load(), misses.Load(), reads.Load())
+	// Output:
+	// 8 hits, 2 misses, 2 store reads
 }
 
 func ExamplePlanFromRow() {
