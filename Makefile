@@ -2,7 +2,8 @@
 #
 # `make test` is what CI runs (through .ci/run): `lint` first, so unformatted
 # code or a vet/staticcheck finding fails the build, then every test with the
-# race detector, then one pass of each benchmark in the benchmarks module.
+# race detector, in the root module and the otel module, then one pass of
+# each benchmark in the benchmarks module.
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -11,8 +12,9 @@ SHELL := bash
 GO ?= go
 # How long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 30s
-# The packages whose Fuzz targets `make fuzz` runs.
-FUZZPKGS ?= ./ratelimit ./internal/redisscript ./sharding ./plans ./plans/postgres
+# The packages whose Fuzz targets `make fuzz` runs; a directory with a
+# go.mod of its own (otel) is fuzzed from inside it.
+FUZZPKGS ?= ./ratelimit ./internal/redisscript ./sharding ./plans ./plans/postgres ./otel
 # staticcheck, pinned so that a new release cannot fail CI overnight; bump it
 # on purpose (it must understand the Go toolchain in use). Release 2026.2.2
 # is module version v0.8.2: the module proxy knows only the latter.
@@ -22,14 +24,19 @@ GOBIN := $(or $(shell $(GO) env GOBIN),$(shell $(GO) env GOPATH)/bin)
 STATICCHECK := $(or $(shell command -v staticcheck),$(GOBIN)/staticcheck)
 # The benchmarks module (sluice against its peers) is optional.
 BENCHMARKS_MOD := $(wildcard benchmarks/go.mod)
+# The modules besides the root: otel (OpenTelemetry, which needs Go 1.26),
+# the run that makes its on-call figures, and the benchmarks. `lint` vets
+# each.
+MODULES := $(patsubst %/go.mod,%,$(wildcard otel/go.mod otel/internal/oncall/go.mod benchmarks/go.mod))
 
 .PHONY: help
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: lint ## lint, then all tests with -race, then each benchmark once (what CI runs)
+test: lint ## lint, then all tests with -race (root and otel modules), then each benchmark once (what CI runs)
 	$(GO) test -race -count=1 ./...
+	cd otel && $(GO) test -race -count=1 ./...
 ifneq ($(BENCHMARKS_MOD),)
 	cd benchmarks && $(GO) test -run='^$$' -bench=. -benchtime=1x ./...
 endif
@@ -37,6 +44,7 @@ endif
 .PHONY: test-unit
 test-unit: ## fast tests only (-short), with -race
 	$(GO) test -race -short ./...
+	cd otel && $(GO) test -race -short ./...
 
 .PHONY: test-integration
 test-integration: ## tests whose names contain Integration, with -race
@@ -67,28 +75,30 @@ bench-hotkey: ## one hot key on a 3-master cluster, bare and split 3 and 6 ways,
 	sh benchmarks/hotkey.sh
 
 .PHONY: lint
-lint: $(STATICCHECK) ## gofmt (must list nothing), go vet and staticcheck, in both modules
+lint: $(STATICCHECK) ## gofmt (must list nothing), go vet and staticcheck, in every module
 	@echo 'gofmt -l .'; unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt: these files need formatting (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
-ifneq ($(BENCHMARKS_MOD),)
-	cd benchmarks && $(GO) vet ./...
-	cd benchmarks && $(STATICCHECK) ./...
-endif
+	for mod in $(MODULES); do \
+	  echo "== $$mod"; \
+	  (cd $$mod && $(GO) vet ./... && $(STATICCHECK) ./...); \
+	done
 
 $(GOBIN)/staticcheck:
 	$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: fuzz
-fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./internal/redisscript ./sharding ./plans ./plans/postgres) for FUZZTIME (30s)
+fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./internal/redisscript ./sharding ./plans ./plans/postgres ./otel) for FUZZTIME (30s)
 	for pkg in $(FUZZPKGS); do \
-	  listed="$$($(GO) test -list '^Fuzz' $$pkg)"; \
+	  dir=.; target=$$pkg; \
+	  if [ -f "$$pkg/go.mod" ]; then dir=$$pkg; target=.; fi; \
+	  listed="$$(cd $$dir && $(GO) test -list '^Fuzz' $$target)"; \
 	  targets="$$(grep '^Fuzz' <<<"$$listed" || true)"; \
 	  if [ -z "$$targets" ]; then echo "no Fuzz targets in $$pkg"; exit 1; fi; \
 	  for t in $$targets; do \
 	    echo "== $$pkg $$t for $(FUZZTIME)"; \
-	    $(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(FUZZTIME) $$pkg; \
+	    (cd $$dir && $(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(FUZZTIME) $$target); \
 	  done; \
 	done
 

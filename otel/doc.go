@@ -1,0 +1,74 @@
+// Package otel reports sluice's rate-limit decisions to OpenTelemetry: a
+// [ratelimit.Backend] decorator that makes a span for each decision and
+// counts decisions by outcome, and hooks that report what the fail
+// policy, the plan cache and sharding do.
+//
+// Its name is that of the OpenTelemetry API's package, so import it
+// under another:
+//
+//	import sluiceotel "github.com/sluicehq/sluice/otel"
+//
+//	backend := sluiceotel.Wrap(redisBackend, sluiceotel.WithKeyClass(classOf))
+//	limiter := ratelimit.New(backend)
+//
+// or, with other decorators, let [ratelimit.Stack] put it outermost, where
+// it sees each decision as the caller gets it:
+//
+//	backend, err := ratelimit.Stack(redisBackend,
+//		sluiceotel.Layer(sluiceotel.WithKeyClass(classOf)),
+//		failpolicy.Layer(failpolicy.Local, failpolicy.WithHooks(sluiceotel.FailPolicyHooks())),
+//	)
+//
+// It follows the OpenTelemetry Go contrib instrumentation conventions:
+// [WithTracerProvider] and [WithMeterProvider] choose the providers. By
+// default they are the global ones, and a decorator made before the
+// program sets them (with go.opentelemetry.io/otel's SetTracerProvider
+// and SetMeterProvider) reports to them once it does. The tracer and
+// meter are named [ScopeName], at [Version]. An instrument that cannot be
+// created is reported to otel.Handle and left out; the rest still work.
+//
+// It is a module of its own, so that a service that does not use
+// OpenTelemetry does not build it: the OpenTelemetry release it pins,
+// v1.47.0, needs Go 1.26.
+//
+// # Spans
+//
+// A decision made while the caller's context holds a recording span (an
+// HTTP server span that its sampler kept, say) gets a child span, named
+// "sluice " and the op ("sluice Consume"), of kind internal. A decision
+// under no span or under one that is not recording makes none, unless
+// [WithRootSpans]: a parent-based sampler, the SDK's default, would not
+// keep it, and making it is most of what tracing costs. Its attributes
+// are listed in docs/observability.md: the op, tokens, key class, route,
+// algorithm, backend and config version at the start, then the
+// decision's result, allowed, degraded, limit, remaining, consumed,
+// retry-after, reset-after and binding bandwidth. A decision that ends in
+// an error gets status Error, with the error's sentinel as description,
+// and an [AttrErrorType] attribute naming it.
+//
+// # Metrics
+//
+//   - sluice.rate_limit.decisions, a counter of decisions by result
+//     (allowed, rejected, degraded, error), op, algorithm, key class and
+//     route;
+//   - sluice.rate_limit.decision.duration, a histogram in seconds of the
+//     time each decision took below the decorator, by op and result, with
+//     buckets from 10µs ([DurationBuckets]);
+//   - sluice.rate_limit.rejected_keys, a gauge of the distinct keys
+//     rejected in the last whole minute, by key class and route
+//     ([MetricRejectedKeys]): few keys is abuse, many a limit set too low;
+//
+// and through the hooks: sluice.rate_limit.degraded and
+// sluice.rate_limit.breakers ([FailPolicyHooks]),
+// sluice.plan_cache.lookups and sluice.plan_cache.loads ([PlanHooks]),
+// and sluice.sharding.retries ([ShardingHooks]).
+//
+// # Raw keys
+//
+// A bucket's key is a customer's ID, an IP address or an API key: too
+// many values for a metric's attribute, and not for telemetry to carry.
+// Spans and metrics carry a key class instead, what [WithKeyClass]'s
+// function makes of the key ("anonymous", "api_key", a plan's name), and
+// never the key or an error message that may hold it. [WithRawKeys] adds
+// the key to spans, and to spans only.
+package otel

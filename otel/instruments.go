@@ -1,0 +1,199 @@
+package otel
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// The instruments' names.
+const (
+	// MetricDecisions counts decisions, by [AttrResult], [AttrOperation],
+	// [AttrAlgorithm], [AttrKeyClass], [AttrRoute] and, for errors,
+	// [AttrErrorType].
+	MetricDecisions = "sluice.rate_limit.decisions"
+	// MetricDecisionDuration is a histogram of how long decisions took
+	// below the decorator, in seconds, by [AttrOperation] and [AttrResult],
+	// in [DurationBuckets]. For a decision the store made, that is the
+	// store's round trip (one per sub-bucket tried, for a sharded key).
+	MetricDecisionDuration = "sluice.rate_limit.decision.duration"
+	// MetricDegraded counts the decisions a fail policy made instead of
+	// the store, by [AttrFailMode] and [AttrErrorType] (the cause:
+	// "breaker_open", "timeout", "backend_unavailable"...).
+	MetricDegraded = "sluice.rate_limit.degraded"
+	// MetricBreakers is the number of circuit breakers in each state but
+	// closed, by [AttrBreakerState] and [AttrServerAddress] (the node the
+	// breaker is kept for; left out for the shared breaker): 1 while that
+	// node's breaker is in that state, 0 once it is not.
+	MetricBreakers = "sluice.rate_limit.breakers"
+	// MetricPlanLookups counts plan cache lookups, by [AttrPlanCacheResult]
+	// "hit" or "miss".
+	MetricPlanLookups = "sluice.plan_cache.lookups"
+	// MetricPlanLoads counts the plan cache's reads of its store, by
+	// [AttrPlanCacheResult]: "loaded", "stale_served" (the read failed and
+	// the last good plan is served) or "failed" (the read failed and the
+	// default plan is served), with [AttrErrorType] for the last two.
+	MetricPlanLoads = "sluice.plan_cache.loads"
+	// MetricShardRetries counts the times a sharded request moved on to
+	// another sub-bucket, by [AttrRetryReason].
+	MetricShardRetries = "sluice.sharding.retries"
+)
+
+// DurationBuckets are the bucket boundaries, in seconds, of
+// [MetricDecisionDuration]: from 10µs, where an in-memory decision is, to
+// 1s, in steps that tell a healthy Redis round trip (tens to hundreds of
+// microseconds) from a slow one and from a fail policy's deadline.
+var DurationBuckets = []float64{
+	0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
+	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+}
+
+// numOps is how many ops there are; opIndex gives any other op numOps.
+const numOps = int(ratelimit.Inspect) + 1
+
+func opIndex(op ratelimit.Op) int {
+	if int(op) < numOps {
+		return int(op)
+	}
+	return numOps
+}
+
+// The results, as indexes.
+const (
+	resAllowed = iota
+	resRejected
+	resDegraded
+	resError
+	numResults
+)
+
+var resultNames = [numResults]string{ResultAllowed, ResultRejected, ResultDegraded, ResultError}
+
+func resultIndex(d ratelimit.Decision, err error) int {
+	switch {
+	case err != nil:
+		return resError
+	case d.Degraded:
+		return resDegraded
+	case d.Allowed:
+		return resAllowed
+	}
+	return resRejected
+}
+
+// maxCachedAttrs bounds how many attribute sets of decisions are kept
+// made, so that key classes or routes of many values cannot grow memory:
+// past it, each decision makes its own.
+const maxCachedAttrs = 1024
+
+// instruments are a Backend's metric instruments, and the attribute sets
+// of their measurements, made once.
+type instruments struct {
+	decisions metric.Int64Counter
+	duration  metric.Float64Histogram
+	rejected  *rejectedKeys
+
+	// durationOpts are the histogram's options by op and result.
+	durationOpts [numOps + 1][numResults][]metric.RecordOption
+	// decisionOpts maps a decision's attributes to the counter's options:
+	// read with one atomic load, copied on write (under mu).
+	decisionOpts atomic.Pointer[map[decisionKey][]metric.AddOption]
+	mu           sync.Mutex
+}
+
+// decisionKey is what a decision's attributes are made of.
+type decisionKey struct {
+	class, route string
+	algorithm    ratelimit.Algorithm
+	op           ratelimit.Op
+	result       int
+	errType      string
+}
+
+func newInstruments(m metric.Meter) *instruments {
+	in := &instruments{}
+	decisions, err := m.Int64Counter(MetricDecisions,
+		metric.WithDescription("Rate-limit decisions, by result."),
+		metric.WithUnit("{decision}"))
+	in.decisions = handled[metric.Int64Counter](decisions, err, noop.Int64Counter{})
+	duration, err := m.Float64Histogram(MetricDecisionDuration,
+		metric.WithDescription("The time rate-limit decisions took, store round trips included."),
+		metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(DurationBuckets...))
+	in.duration = handled[metric.Float64Histogram](duration, err, noop.Float64Histogram{})
+	in.rejected = newRejectedKeys(m)
+	for op := range numOps + 1 {
+		for res := range numResults {
+			set := attribute.NewSet(opAttr(op), AttrResult.String(resultNames[res]))
+			in.durationOpts[op][res] = []metric.RecordOption{metric.WithAttributeSet(set)}
+		}
+	}
+	in.decisionOpts.Store(&map[decisionKey][]metric.AddOption{})
+	return in
+}
+
+// handled returns the instrument made, or, if it could not be made,
+// reports why to otel.Handle and returns fallback, a no-op one.
+func handled[I any](made I, err error, fallback I) I {
+	if err != nil {
+		otel.Handle(err)
+		return fallback
+	}
+	return made
+}
+
+func opAttr(op int) attribute.KeyValue {
+	if op == numOps {
+		return AttrOperation.String("unknown")
+	}
+	return AttrOperation.String(ratelimit.Op(op).String())
+}
+
+func (in *instruments) durationAttrs(op ratelimit.Op, res int) []metric.RecordOption {
+	return in.durationOpts[opIndex(op)][res]
+}
+
+// decisionAttrs returns the counter's options for a decision of key k.
+func (in *instruments) decisionAttrs(k decisionKey) []metric.AddOption {
+	if opts, ok := (*in.decisionOpts.Load())[k]; ok {
+		return opts
+	}
+	opts := []metric.AddOption{metric.WithAttributeSet(k.set())}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	old := *in.decisionOpts.Load()
+	if len(old) < maxCachedAttrs {
+		m := make(map[decisionKey][]metric.AddOption, len(old)+1)
+		for kk, v := range old {
+			m[kk] = v
+		}
+		m[k] = opts
+		in.decisionOpts.Store(&m)
+	}
+	return opts
+}
+
+func (k decisionKey) set() attribute.Set {
+	kvs := make([]attribute.KeyValue, 0, 6)
+	kvs = append(kvs,
+		AttrResult.String(resultNames[k.result]),
+		opAttr(opIndex(k.op)),
+		AttrAlgorithm.String(k.algorithm.String()),
+	)
+	if k.class != "" {
+		kvs = append(kvs, AttrKeyClass.String(k.class))
+	}
+	if k.route != "" {
+		kvs = append(kvs, AttrRoute.String(k.route))
+	}
+	if k.errType != "" {
+		kvs = append(kvs, AttrErrorType.String(k.errType))
+	}
+	return attribute.NewSet(kvs...)
+}
