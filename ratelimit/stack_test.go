@@ -343,3 +343,29 @@ func (l uncomparableLayer) Wrap(next ratelimit.Backend) (ratelimit.Backend, erro
 	}
 	return uncomparable{fakeStore: l.fakeStore, label: "layer"}, nil
 }
+
+// TestLimiterOverStack: a Limiter over a stack decides through every
+// layer, in order, as the stack does (New calls its top layer directly),
+// and over a stack with no layers, through the store.
+func TestLimiterOverStack(t *testing.T) {
+	ev := new(events)
+	s, err := ratelimit.Stack(fakeStore{ev}, fakeLayer{place: ratelimit.PlaceTelemetry, ev: ev}, fakeLayer{place: ratelimit.PlaceFailPolicy, ev: ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.take()
+	d, err := ratelimit.New(s).Allow(context.Background(), "k", stackCfg)
+	if want := "store < fail policy < telemetry"; err != nil || d.Bandwidth != want {
+		t.Errorf("Allow: %+v, %v; want the decision stamped %q", d, err, want)
+	}
+	if got, want := ev.take(), []string{"do telemetry", "do fail policy", "do store"}; !slices.Equal(got, want) {
+		t.Errorf("Do called\n\t%q\nwant\n\t%q", got, want)
+	}
+	bare, err := ratelimit.Stack(fakeStore{ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := ratelimit.New(bare).Allow(context.Background(), "k", stackCfg); err != nil || d.Bandwidth != "store" {
+		t.Errorf("Allow with no layers: %+v, %v; want the store's decision", d, err)
+	}
+}
