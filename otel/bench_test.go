@@ -16,7 +16,8 @@ import (
 )
 
 // BenchmarkDecision is one allowed Consume on the memory backend, bare and
-// wrapped: with the no-op providers, the global ones (unset), and the SDK
+// wrapped: in the least a decorator can be (passthrough), then in this
+// one with the no-op providers, the global ones (unset), and the SDK
 // with metrics read by a reader and spans exported in batches to nowhere,
 // under a caller's span the sampler dropped or kept. "event" is the
 // design not taken: an event on the caller's span instead of a span of
@@ -54,6 +55,9 @@ func BenchmarkDecision(b *testing.B) {
 	}{
 		{"wrap=bare", func(b *testing.B, next ratelimit.Backend) (ratelimit.Backend, context.Context) {
 			return next, context.Background()
+		}},
+		{"wrap=passthrough", func(b *testing.B, next ratelimit.Backend) (ratelimit.Backend, context.Context) {
+			return passThrough{next}, context.Background()
 		}},
 		{"wrap=noop", func(b *testing.B, next ratelimit.Backend) (ratelimit.Backend, context.Context) {
 			return sluiceotel.Wrap(next, sluiceotel.WithTracerProvider(tracenoop.NewTracerProvider()),
@@ -125,3 +129,47 @@ type discard struct{}
 
 func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
 func (discard) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkOverhead is the decorator's own cost with no provider
+// enabled: around a Backend that answers at once, so that the difference
+// from "bare" is what wrapping adds, in nanoseconds.
+func BenchmarkOverhead(b *testing.B) {
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(10)}}
+	req := ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}
+	var answer ratelimit.Backend = instant{}
+	for _, c := range []struct {
+		name    string
+		backend ratelimit.Backend
+	}{
+		{"wrap=bare", answer},
+		{"wrap=passthrough", passThrough{answer}},
+		{"wrap=noop", sluiceotel.Wrap(answer, sluiceotel.WithTracerProvider(tracenoop.NewTracerProvider()), sluiceotel.WithMeterProvider(metricnoop.NewMeterProvider()))},
+		{"wrap=global-unset", sluiceotel.Wrap(answer)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.backend.Do(ctx, "customer-42", cfg, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// instant allows every request at once.
+type instant struct{}
+
+func (instant) Do(context.Context, string, ratelimit.Config, ratelimit.Request) (ratelimit.Decision, error) {
+	return ratelimit.Decision{Allowed: true, Limit: 10, Remaining: 9, Consumed: 1}, nil
+}
+
+// passThrough is the least a decorator can be, the floor of
+// BenchmarkOverhead: one more interface call, its arguments and results
+// copied once more.
+type passThrough struct{ next ratelimit.Backend }
+
+func (p passThrough) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
+	return p.next.Do(ctx, key, cfg, req)
+}

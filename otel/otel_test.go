@@ -12,11 +12,13 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/failpolicy"
@@ -579,6 +581,36 @@ func TestBackendName(t *testing.T) {
 		spans := tel.decisionSpans()
 		if len(spans) == 0 || !slices.Contains(spans[0].Attributes(), sluiceotel.AttrBackend.String(c.want)) {
 			t.Errorf("%T: spans %v; want %s %q", c.backend, spans, sluiceotel.AttrBackend, c.want)
+		}
+	}
+}
+
+// A decision allocates nothing the bare backend does not, with the no-op
+// providers, with the global ones unset, and with the SDK's metrics under
+// a span its sampler dropped (a cached attribute set).
+func TestNoAllocations(t *testing.T) {
+	tel := newTelemetry(t)
+	unsampled := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	t.Cleanup(func() { _ = unsampled.Shutdown(context.Background()) })
+	dropped, span := unsampled.Tracer("test").Start(context.Background(), "request")
+	defer span.End()
+	dropped = sluiceotel.ContextWithRoute(dropped, "/v1/search")
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(1_000_000).WithBurst(1_000_000_000)}}
+	req := ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}
+	for _, c := range []struct {
+		name string
+		b    ratelimit.Backend
+		ctx  context.Context
+	}{
+		{"noop", sluiceotel.Wrap(newMemory(t), sluiceotel.WithTracerProvider(tracenoop.NewTracerProvider()), sluiceotel.WithMeterProvider(metricnoop.NewMeterProvider())), context.Background()},
+		{"global", sluiceotel.Wrap(newMemory(t)), context.Background()},
+		{"sdk-sampled-out", sluiceotel.Wrap(newMemory(t), tel.options()...), dropped},
+	} {
+		if _, err := c.b.Do(c.ctx, "cust-1", cfg, req); err != nil { // the bucket and the attribute set made
+			t.Fatal(err)
+		}
+		if n := testing.AllocsPerRun(200, func() { _, _ = c.b.Do(c.ctx, "cust-1", cfg, req) }); n != 0 {
+			t.Errorf("%s: %v allocations a decision; want 0", c.name, n)
 		}
 	}
 }
