@@ -74,6 +74,10 @@ bench-burst: ## healthy decision latency under a burst (2 processes × 100 calls
 bench-hotkey: ## one hot key on a 3-master cluster, bare and split 3 and 6 ways, go-redis and rueidis at 64 and 256 goroutines: decisions/s, p99, server CPU, into benchmarks/results/ (about a minute)
 	sh benchmarks/hotkey.sh
 
+.PHONY: oncall
+oncall: ## the on-call run of docs/observability.md: real Redis and Prometheus through abuse, a low limit and a sick store; rewrites its figures (about 6 min)
+	sh otel/internal/oncall/run.sh
+
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt (must list nothing), go vet and staticcheck, in every module
 	@echo 'gofmt -l .'; unformatted="$$(gofmt -l .)"; \
