@@ -1,9 +1,6 @@
 package otel
 
 import (
-	"sync"
-	"sync/atomic"
-
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -101,10 +98,8 @@ type instruments struct {
 
 	// durationOpts are the histogram's options by op and result.
 	durationOpts [numOps + 1][numResults][]metric.RecordOption
-	// decisionOpts maps a decision's attributes to the counter's options:
-	// read with one atomic load, copied on write (under mu).
-	decisionOpts atomic.Pointer[map[decisionKey][]metric.AddOption]
-	mu           sync.Mutex
+	// decisionOpts maps a decision's attributes to the counter's options.
+	decisionOpts *boundedMap[decisionKey, []metric.AddOption]
 }
 
 // decisionKey is what a decision's attributes are made of.
@@ -134,7 +129,7 @@ func newInstruments(m metric.Meter) *instruments {
 			in.durationOpts[op][res] = []metric.RecordOption{metric.WithAttributeSet(set)}
 		}
 	}
-	in.decisionOpts.Store(&map[decisionKey][]metric.AddOption{})
+	in.decisionOpts = newBoundedMap[decisionKey, []metric.AddOption](maxCachedAttrs)
 	return in
 }
 
@@ -161,22 +156,14 @@ func (in *instruments) durationAttrs(op ratelimit.Op, res int) []metric.RecordOp
 
 // decisionAttrs returns the counter's options for a decision of key k.
 func (in *instruments) decisionAttrs(k decisionKey) []metric.AddOption {
-	if opts, ok := (*in.decisionOpts.Load())[k]; ok {
+	if opts, ok := in.decisionOpts.load(k, k.options); ok {
 		return opts
 	}
-	opts := []metric.AddOption{metric.WithAttributeSet(k.set())}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	old := *in.decisionOpts.Load()
-	if len(old) < maxCachedAttrs {
-		m := make(map[decisionKey][]metric.AddOption, len(old)+1)
-		for kk, v := range old {
-			m[kk] = v
-		}
-		m[k] = opts
-		in.decisionOpts.Store(&m)
-	}
-	return opts
+	return k.options()
+}
+
+func (k decisionKey) options() []metric.AddOption {
+	return []metric.AddOption{metric.WithAttributeSet(k.set())}
 }
 
 func (k decisionKey) set() attribute.Set {

@@ -37,11 +37,8 @@ const (
 // rejectedKeys counts the distinct keys rejected, per key class and route
 // and per minute.
 type rejectedKeys struct {
-	seed maphash.Seed
-	// sketches is read with one atomic load and copied on write (under
-	// mu), as the attribute sets are.
-	sketches atomic.Pointer[map[pairKey]*keySketch]
-	mu       sync.Mutex
+	seed     maphash.Seed
+	sketches *boundedMap[pairKey, *keySketch]
 }
 
 type pairKey struct{ class, route string }
@@ -58,8 +55,7 @@ type keySketch struct {
 }
 
 func newRejectedKeys(m metric.Meter) *rejectedKeys {
-	r := &rejectedKeys{seed: maphash.MakeSeed()}
-	r.sketches.Store(&map[pairKey]*keySketch{})
+	r := &rejectedKeys{seed: maphash.MakeSeed(), sketches: newBoundedMap[pairKey, *keySketch](maxKeySketches)}
 	_, err := m.Int64ObservableGauge(MetricRejectedKeys,
 		metric.WithDescription("Distinct keys with a rejected request in the last whole minute, estimated."),
 		metric.WithUnit("{key}"),
@@ -84,18 +80,11 @@ func minuteOf(t time.Time) int64 { return t.Unix() / 60 }
 // sketch returns the pair's sketch, made if need be, or nil when there are
 // maxKeySketches pairs already.
 func (r *rejectedKeys) sketch(k pairKey) *keySketch {
-	if s, ok := (*r.sketches.Load())[k]; ok {
-		return s
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	old := *r.sketches.Load()
-	if s, ok := old[k]; ok {
-		return s
-	}
-	if len(old) >= maxKeySketches {
-		return nil
-	}
+	s, _ := r.sketches.load(k, k.newSketch)
+	return s
+}
+
+func (k pairKey) newSketch() *keySketch {
 	kvs := make([]attribute.KeyValue, 0, 2)
 	if k.class != "" {
 		kvs = append(kvs, AttrKeyClass.String(k.class))
@@ -107,19 +96,13 @@ func (r *rejectedKeys) sketch(k pairKey) *keySketch {
 	for i := range s.minute {
 		s.minute[i].Store(math.MinInt64)
 	}
-	m := make(map[pairKey]*keySketch, len(old)+1)
-	for kk, v := range old {
-		m[kk] = v
-	}
-	m[k] = s
-	r.sketches.Store(&m)
 	return s
 }
 
 // observe reports each pair's estimate for the last whole minute.
 func (r *rejectedKeys) observe(_ context.Context, o metric.Int64Observer) error {
 	last := minuteOf(time.Now()) - 1
-	for _, s := range *r.sketches.Load() {
+	for _, s := range r.sketches.all() {
 		o.Observe(s.estimate(last), s.attrs)
 	}
 	return nil

@@ -50,22 +50,20 @@ func TestSketchMinutes(t *testing.T) {
 }
 
 func newSketchForTest() *keySketch {
-	r := &rejectedKeys{}
-	r.sketches.Store(&map[pairKey]*keySketch{})
+	r := &rejectedKeys{sketches: newBoundedMap[pairKey, *keySketch](maxKeySketches)}
 	return r.sketch(pairKey{"c", "r"})
 }
 
 // Past maxKeySketches pairs, new pairs are not counted, and nothing grows.
 func TestSketchesBounded(t *testing.T) {
-	r := &rejectedKeys{}
-	r.sketches.Store(&map[pairKey]*keySketch{})
+	r := &rejectedKeys{sketches: newBoundedMap[pairKey, *keySketch](maxKeySketches)}
 	for i := range maxKeySketches + 10 {
 		s := r.sketch(pairKey{class: "c", route: string(rune('a' + i))})
 		if (s == nil) != (i >= maxKeySketches) {
 			t.Fatalf("pair %d: sketch %v", i, s)
 		}
 	}
-	if n := len(*r.sketches.Load()); n != maxKeySketches {
+	if n := len(r.sketches.all()); n != maxKeySketches {
 		t.Fatalf("%d sketches; want %d", n, maxKeySketches)
 	}
 }
