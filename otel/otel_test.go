@@ -94,23 +94,32 @@ func (tel *telemetry) collect(t *testing.T) metricdata.ResourceMetrics {
 	return rm
 }
 
-// sums returns each data point of the sum named name, by its attributes.
-func sums(t *testing.T, rm metricdata.ResourceMetrics, name string) map[string]int64 {
+// data returns the data of the metric named name, if rm has it.
+func data[A metricdata.Aggregation](t *testing.T, rm metricdata.ResourceMetrics, name string) (A, bool) {
 	t.Helper()
-	out := map[string]int64{}
+	var zero A
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			if m.Name != name {
 				continue
 			}
-			sum, ok := m.Data.(metricdata.Sum[int64])
+			a, ok := m.Data.(A)
 			if !ok {
-				t.Fatalf("%s is a %T, not a Sum[int64]", name, m.Data)
+				t.Fatalf("%s is a %T, not a %T", name, m.Data, zero)
 			}
-			for _, dp := range sum.DataPoints {
-				out[encode(dp.Attributes)] += dp.Value
-			}
+			return a, true
 		}
+	}
+	return zero, false
+}
+
+// sums returns each data point of the sum named name, by its attributes.
+func sums(t *testing.T, rm metricdata.ResourceMetrics, name string) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	sum, _ := data[metricdata.Sum[int64]](t, rm, name)
+	for _, dp := range sum.DataPoints {
+		out[encode(dp.Attributes)] += dp.Value
 	}
 	return out
 }
@@ -120,19 +129,9 @@ func sums(t *testing.T, rm metricdata.ResourceMetrics, name string) map[string]i
 func histogramCounts(t *testing.T, rm metricdata.ResourceMetrics, name string) map[string]uint64 {
 	t.Helper()
 	out := map[string]uint64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			h, ok := m.Data.(metricdata.Histogram[float64])
-			if !ok {
-				t.Fatalf("%s is a %T, not a Histogram[float64]", name, m.Data)
-			}
-			for _, dp := range h.DataPoints {
-				out[encode(dp.Attributes)] += dp.Count
-			}
-		}
+	h, _ := data[metricdata.Histogram[float64]](t, rm, name)
+	for _, dp := range h.DataPoints {
+		out[encode(dp.Attributes)] += dp.Count
 	}
 	return out
 }
@@ -495,15 +494,9 @@ func TestScope(t *testing.T) {
 func rejectedKeys(t *testing.T, rm metricdata.ResourceMetrics) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != sluiceotel.MetricRejectedKeys {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
-				out[encode(dp.Attributes)] = dp.Value
-			}
-		}
+	g, _ := data[metricdata.Gauge[int64]](t, rm, sluiceotel.MetricRejectedKeys)
+	for _, dp := range g.DataPoints {
+		out[encode(dp.Attributes)] = dp.Value
 	}
 	return out
 }

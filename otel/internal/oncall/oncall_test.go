@@ -92,9 +92,8 @@ func TestOnCallRun(t *testing.T) {
 		}
 		results[q.id] = ss
 	}
-	gauge := len(results[qRejectedKeys.id]) > 0
-	if !gauge {
-		t.Logf("oncall: no sluice_rate_limit_rejected_keys: its queries and panels are left empty")
+	if len(results[qRejectedKeys.id]) == 0 {
+		t.Fatalf("oncall: Prometheus has no sluice_rate_limit_rejected_keys series")
 	}
 
 	for _, fig := range figures {
@@ -106,12 +105,12 @@ func TestOnCallRun(t *testing.T) {
 	}
 	took := time.Since(began)
 	path := filepath.Join(out, "results", resultsFile)
-	if err := os.WriteFile(path, []byte(report(sched, names, results, gauge, &c, took)), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(report(sched, names, results, &c, took)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("wrote %s; the run took %v", path, took.Round(time.Second))
 
-	check(t, sched, results, gauge, &c)
+	check(t, sched, results, &c)
 }
 
 // waitUntil sleeps until at, logging the traffic once in a while.
@@ -214,7 +213,7 @@ func splitLabels(s string) []string {
 
 // report is results.txt: how the run went, then each query as run and
 // its values at the read points.
-func report(sched schedule, names []string, results map[string][]series, gauge bool, c *counts, took time.Duration) string {
+func report(sched schedule, names []string, results map[string][]series, c *counts, took time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "On-call run of docs/observability.md (otel/internal/oncall, TestOnCallRun)\n")
 	fmt.Fprintf(&b, "run at %s, took %v; re-run: sh otel/internal/oncall/run.sh\n", sched.start.UTC().Format(time.RFC3339), took.Round(time.Second))
@@ -227,9 +226,6 @@ func report(sched schedule, names []string, results map[string][]series, gauge b
 	fmt.Fprintf(&b, "series served on /metrics (otel_scope_* labels left out):\n")
 	for _, n := range names {
 		fmt.Fprintf(&b, "  %s\n", n)
-	}
-	if !gauge {
-		fmt.Fprintf(&b, "\nsluice_rate_limit_rejected_keys was not served: its queries have no values.\n")
 	}
 	pts := sched.readPoints()
 	for _, q := range allQueries {
@@ -331,7 +327,7 @@ func maxOver(results map[string][]series, q query, name string, from, to time.Ti
 // check fails the test when a phase does not show what it stages. The
 // thresholds are far below what the traffic makes, so that they catch a
 // phase that did nothing, not a slow machine.
-func check(t *testing.T, sched schedule, results map[string][]series, gauge bool, c *counts) {
+func check(t *testing.T, sched schedule, results map[string][]series, c *counts) {
 	t.Helper()
 	if c.sent.Load() == 0 {
 		t.Fatal("oncall: no traffic was sent")
@@ -356,13 +352,11 @@ func check(t *testing.T, sched schedule, results map[string][]series, gauge bool
 	if v := valueAt(results, qCustomerShare, "/v1/export", misMid); !(v > 0.05) {
 		fail("misconfigured phase: %v of customer exports rejected, want some", v)
 	}
-	if gauge {
-		if v := valueAt(results, qRejectedKeys, "/v1/search anonymous", abuseEnd); !(v >= 1 && v <= 20) {
-			fail("abuse phase: %v anonymous keys rejected on /v1/search, want a few", v)
-		}
-		if v := valueAt(results, qRejectedCustomers, "/v1/export", misEnd); !(v >= 100) {
-			fail("misconfigured phase: %v customers rejected on /v1/export, want many", v)
-		}
+	if v := valueAt(results, qRejectedKeys, "/v1/search anonymous", abuseEnd); !(v >= 1 && v <= 20) {
+		fail("abuse phase: %v anonymous keys rejected on /v1/search, want a few", v)
+	}
+	if v := valueAt(results, qRejectedCustomers, "/v1/export", misEnd); !(v >= 100) {
+		fail("misconfigured phase: %v customers rejected on /v1/export, want many", v)
 	}
 	slowMid, pausedMid := at("sick: store slower"), at("sick: store paused")
 	base := valueAt(results, qP99, "all", at("baseline"))
