@@ -139,7 +139,9 @@ const (
 	// Open allows every request: availability over the limit.
 	Open Mode = iota
 	// Closed denies every request, with a RetryAfter of [WithRetryAfter]:
-	// the limit over availability.
+	// the limit over availability. Its denials name no Bandwidth, as no
+	// bandwidth ran out: that is how httplimit tells them apart from a
+	// Local share's and answers 503 instead of 429.
 	Closed
 	// Local decides in an in-process bucket per key that holds this
 	// instance's share of each bandwidth: its Capacity and RefillTokens
@@ -147,7 +149,7 @@ const (
 	// shares' admissions are charged to the store when it answers again;
 	// see the package doc for the bound this keeps. At most
 	// [WithLocalKeys] keys have a share at a time; a new key beyond them
-	// is denied, as Closed would.
+	// is denied, as Closed would (naming no Bandwidth).
 	Local
 	numModes
 )

@@ -1,0 +1,61 @@
+package httplimit_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+
+	"github.com/sluicehq/sluice/backend/memory"
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// A ServeMux route limited to a burst of 2 per client address: the third
+// request in a row gets 429 with Retry-After and the IETF fields.
+func Example() {
+	limiter := ratelimit.New(memory.New())
+	limit, err := httplimit.New(limiter, httplimit.WithConfig(ratelimit.Config{
+		Bandwidths: []ratelimit.Bandwidth{ratelimit.PerMinute(2).WithID("per-minute")},
+	}))
+	if err != nil {
+		panic(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /hello", limit(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "hello")
+	})))
+
+	for range 3 {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest("GET", "/hello", nil))
+		fmt.Printf("%d %s Retry-After=%q\n", rec.Code, rec.Header().Get("RateLimit-Policy"), rec.Header().Get("Retry-After"))
+	}
+	// Output:
+	// 200 "per-minute";q=2;w=60 Retry-After=""
+	// 200 "per-minute";q=2;w=60 Retry-After=""
+	// 429 "per-minute";q=2;w=60 Retry-After="30"
+}
+
+// An authentication layer tells the middleware who the caller is; the
+// bucket is then the API key's, on its tenant's plan.
+func ExampleContextWithCaller() {
+	auth := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// ... validate the key in r's Authorization header, then:
+			c := httplimit.Caller{Tenant: "acme", APIKey: "key_2f9c"}
+			next.ServeHTTP(w, r.WithContext(httplimit.ContextWithCaller(r.Context(), c)))
+		})
+	}
+	limit, err := httplimit.New(ratelimit.New(memory.New()), httplimit.WithConfig(ratelimit.Config{
+		Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(10)},
+	}))
+	if err != nil {
+		panic(err)
+	}
+	h := auth(limit(http.NotFoundHandler()))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	fmt.Println(rec.Header().Get("RateLimit"))
+	// Output:
+	// "0";r=9;t=1
+}
