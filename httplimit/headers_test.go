@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dunglas/httpsfv"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -67,4 +68,37 @@ func TestPoliciesBounded(t *testing.T) {
 	if n > maxPolicies {
 		t.Errorf("%d policies cached, want at most %d", n, maxPolicies)
 	}
+}
+
+// FuzzPolicy: for any valid bandwidth, the RateLimit-Policy field parses
+// back as the draft's syntax says, with the bandwidth's name and q and w
+// within the structured-field Integer range (w at least 1).
+func FuzzPolicy(f *testing.F) {
+	f.Add(int64(20), int64(10), int64(1_000_000), "burst")
+	f.Add(int64(1), int64(1), int64(100_000), "")
+	f.Add(int64(ratelimit.MaxCapacity), int64(1_000_000), int64(1_000_000), "a.b-c_d:e")
+	f.Fuzz(func(t *testing.T, capacity, refill, periodMicros int64, id string) {
+		bw := ratelimit.Bandwidth{ID: id, Capacity: capacity, RefillTokens: refill,
+			RefillPeriod: time.Duration(periodMicros) * time.Microsecond}
+		cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{bw}}
+		if periodMicros > int64(ratelimit.MaxRefillPeriod/time.Microsecond) || cfg.Validate() != nil {
+			return
+		}
+		pol, err := newPolicy(cfg)
+		if err != nil {
+			t.Fatalf("valid config %+v: %v", bw, err)
+		}
+		list, err := httpsfv.UnmarshalList([]string{pol.field})
+		if err != nil || len(list) != 1 {
+			t.Fatalf("field %q: %v", pol.field, err)
+		}
+		item := list[0].(httpsfv.Item)
+		q, _ := item.Params.Get("q")
+		w, _ := item.Params.Get("w")
+		qi, qok := q.(int64)
+		wi, wok := w.(int64)
+		if item.Value != cfg.BandwidthName(0) || !qok || !wok || qi < 1 || wi < 1 || qi > maxSFInteger || wi > maxSFInteger {
+			t.Fatalf("field %q for %+v", pol.field, bw)
+		}
+	})
 }
