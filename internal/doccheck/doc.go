@@ -56,6 +56,6 @@
 // A line that says "planned", "not built yet", "not yet built" or "not yet
 // here" (in any case) may name packages, identifiers and paths that do not
 // exist: that is how DESIGN-style text describes what is still to come
-// ("cmd/sluice-demo/ (planned)"). The exemption covers that source line
+// ("cmd/sluice-nosuch/ (planned)"). The exemption covers that source line
 // only, and not Go doc links, which should never point at nothing.
 package doccheck

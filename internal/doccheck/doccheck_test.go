@@ -103,7 +103,7 @@ func TestCatches(t *testing.T) {
 		"A supplier backed by a cache (see sluice/quotas) helps.",   // 2
 		"Import `github.com/sluicehq/sluice/quotas`.",               // 3
 		"See `ratelimit.Config.NoSuchMethod` and `Decision.Bogus`.", // 4
-		"The demo is in `cmd/sluice-demo/`.",                        // 5
+		"The tool is in `cmd/sluice-nosuch/`.",                      // 5
 		"Run `go test ./internal/nosuch/`; see [it](nosuch.md).",    // 6
 		"See [concepts](docs/concepts.md#no-such-heading).",         // 7
 		"```go",                   // 8
@@ -128,7 +128,7 @@ var _ ratelimit.Limiter
 		"bad.md:3: github.com/sluicehq/sluice/quotas",
 		"bad.md:4: ratelimit.Config.NoSuchMethod",
 		"bad.md:4: Decision.Bogus",
-		"bad.md:5: cmd/sluice-demo/",
+		"bad.md:5: cmd/sluice-nosuch/",
 		"bad.md:6: ./internal/nosuch/",
 		"bad.md:6: nosuch.md",
 		"bad.md:7: docs/concepts.md#no-such-heading",
@@ -160,7 +160,7 @@ func TestPasses(t *testing.T) {
 		"rueidis returns `rueidis.ErrClosing`.",
 		"`github.com/sluicehq/sluice/backend/redis`, `go get github.com/sluicehq/sluice`, `go test ./...`.",
 		"`backend/memory`, `internal/testkit`, `bench/benchstat.txt`, `net/http`, `x/time/rate`, `/proc/cpuinfo`.",
-		"`cmd/sluice-demo/` (planned) and sluice/quotas, not built yet.",
+		"`cmd/sluice-nosuch/` (planned) and sluice/quotas, not built yet.",
 		"See [concepts](docs/concepts.md#decisions) and [the site](https://example.com/x.md#y).",
 		"```go",
 		`import "github.com/ulule/limiter/v3/drivers/store/memory"`,
