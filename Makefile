@@ -4,17 +4,22 @@
 # code or a vet/staticcheck finding fails the build, then every test with the
 # race detector, in the root module and the otel module, then one pass of
 # each benchmark in the benchmarks module.
+#
+# `make run` is the README's run command: the demo server on :8080.
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
 GO ?= go
+# Each module is built and tested by its own go.mod, as a service that
+# imports it gets it, not with the versions go.work's workspace would pick.
+export GOWORK := off
 # How long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 30s
 # The packages whose Fuzz targets `make fuzz` runs; a directory with a
 # go.mod of its own (otel) is fuzzed from inside it.
-FUZZPKGS ?= ./ratelimit ./internal/redisscript ./sharding ./plans ./plans/postgres ./otel
+FUZZPKGS ?= ./ratelimit ./internal/redisscript ./sharding ./plans ./plans/postgres ./httplimit ./otel
 # staticcheck, pinned so that a new release cannot fail CI overnight; bump it
 # on purpose (it must understand the Go toolchain in use). Release 2026.2.2
 # is module version v0.8.2: the module proxy knows only the latter.
@@ -25,18 +30,19 @@ STATICCHECK := $(or $(shell command -v staticcheck),$(GOBIN)/staticcheck)
 # The benchmarks module (sluice against its peers) is optional.
 BENCHMARKS_MOD := $(wildcard benchmarks/go.mod)
 # The modules besides the root: otel (OpenTelemetry, which needs Go 1.26),
-# the run that makes its on-call figures, and the benchmarks. `lint` vets
-# each.
-MODULES := $(patsubst %/go.mod,%,$(wildcard otel/go.mod otel/internal/oncall/go.mod benchmarks/go.mod))
+# the run that makes its on-call figures, the demo server (which serves
+# /metrics through otel) and the benchmarks. `lint` vets each.
+MODULES := $(patsubst %/go.mod,%,$(wildcard otel/go.mod otel/internal/oncall/go.mod cmd/sluice-demo/go.mod benchmarks/go.mod))
 
 .PHONY: help
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: lint ## lint, then all tests with -race (root and otel modules), then each benchmark once (what CI runs)
+test: lint ## lint, then all tests with -race (root, otel and demo modules; the demo's in headless Chromium), then each benchmark once (what CI runs)
 	$(GO) test -race -count=1 ./...
 	cd otel && $(GO) test -race -count=1 ./...
+	cd cmd/sluice-demo && $(GO) test -race -count=1 ./...
 ifneq ($(BENCHMARKS_MOD),)
 	cd benchmarks && $(GO) test -run='^$$' -bench=. -benchtime=1x ./...
 endif
@@ -45,6 +51,7 @@ endif
 test-unit: ## fast tests only (-short), with -race
 	$(GO) test -race -short ./...
 	cd otel && $(GO) test -race -short ./...
+	cd cmd/sluice-demo && $(GO) test -race -short ./...
 
 .PHONY: test-integration
 test-integration: ## tests whose names contain Integration, with -race
@@ -93,7 +100,7 @@ $(GOBIN)/staticcheck:
 	$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: fuzz
-fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./internal/redisscript ./sharding ./plans ./plans/postgres ./otel) for FUZZTIME (30s)
+fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./internal/redisscript ./sharding ./plans ./plans/postgres ./httplimit ./otel) for FUZZTIME (30s)
 	for pkg in $(FUZZPKGS); do \
 	  dir=.; target=$$pkg; \
 	  if [ -f "$$pkg/go.mod" ]; then dir=$$pkg; target=.; fi; \
@@ -107,5 +114,5 @@ fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./internal/redisscript ./
 	done
 
 .PHONY: run
-run: ## run the quick start example (examples/quickstart)
-	$(GO) run ./examples/quickstart
+run: ## run the demo server (cmd/sluice-demo) on :8080, in memory: open http://localhost:8080
+	cd cmd/sluice-demo && $(GO) run .
