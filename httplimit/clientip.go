@@ -533,27 +533,22 @@ func isObfuscated(s string) bool {
 }
 
 // isToken reports whether s is an RFC 9110 token.
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if !isTokenChar(s[i]) {
-			return false
-		}
-	}
-	return true
-}
+func isToken(s string) bool { return nonEmptyOf(s, isTokenChar) }
 
 // isValueToken reports whether s is an unquoted Forwarded value: a token,
 // or, leniently, one with the colons and brackets of an address and port
 // that RFC 7239 says to quote but some proxies do not.
 func isValueToken(s string) bool {
+	return nonEmptyOf(s, func(c byte) bool { return isTokenChar(c) || c == ':' || c == '[' || c == ']' })
+}
+
+// nonEmptyOf reports whether s has bytes and all of them are ok.
+func nonEmptyOf(s string, ok func(byte) bool) bool {
 	if s == "" {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; !isTokenChar(c) && c != ':' && c != '[' && c != ']' {
+		if !ok(s[i]) {
 			return false
 		}
 	}

@@ -45,7 +45,7 @@ func WithConfig(cfg ratelimit.Config) Option {
 		if err := cfg.Validate(); err != nil {
 			return fmt.Errorf("httplimit: WithConfig: %w", err)
 		}
-		if err := o.setConfigSource("WithConfig"); err != nil {
+		if err := claim(&o.configOption, "WithConfig", "config"); err != nil {
 			return err
 		}
 		cfg.Bandwidths = append([]ratelimit.Bandwidth(nil), cfg.Bandwidths...)
@@ -62,7 +62,7 @@ func WithPlans(c *plans.Cache) Option {
 		if c == nil {
 			return errors.New("httplimit: WithPlans: nil cache")
 		}
-		if err := o.setConfigSource("WithPlans"); err != nil {
+		if err := claim(&o.configOption, "WithPlans", "config"); err != nil {
 			return err
 		}
 		o.plans = c
@@ -70,11 +70,13 @@ func WithPlans(c *plans.Cache) Option {
 	}
 }
 
-func (o *options) setConfigSource(name string) error {
-	if o.configOption != "" {
-		return fmt.Errorf("httplimit: %s: the config is already given by %s", name, o.configOption)
+// claim records that option name gives what (the config, the route, the
+// body), which one option at most may give: by holds the option that did.
+func claim(by *string, name, what string) error {
+	if *by != "" {
+		return fmt.Errorf("httplimit: %s: the %s is already given by %s", name, what, *by)
 	}
-	o.configOption = name
+	*by = name
 	return nil
 }
 
@@ -145,10 +147,10 @@ func WithServeMux(mux *http.ServeMux) Option {
 }
 
 func (o *options) setRoute(name string, f func(*http.Request) string) error {
-	if o.routeOption != "" {
-		return fmt.Errorf("httplimit: %s: the route is already given by %s", name, o.routeOption)
+	if err := claim(&o.routeOption, name, "route"); err != nil {
+		return err
 	}
-	o.routeOption, o.route = name, f
+	o.route = f
 	return nil
 }
 
@@ -193,10 +195,10 @@ func WithBody(f func(w http.ResponseWriter, r *http.Request, rej Rejection)) Opt
 }
 
 func (o *options) setBody(name string, f func(http.ResponseWriter, *http.Request, Rejection)) error {
-	if o.bodyOption != "" {
-		return fmt.Errorf("httplimit: %s: the body is already given by %s", name, o.bodyOption)
+	if err := claim(&o.bodyOption, name, "body"); err != nil {
+		return err
 	}
-	o.bodyOption, o.body = name, f
+	o.body = f
 	return nil
 }
 
