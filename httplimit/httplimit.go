@@ -271,6 +271,9 @@ func New(limiter *ratelimit.Limiter, opts ...Option) (func(http.Handler) http.Ha
 		o.route = func(r *http.Request) string { return r.Pattern }
 	}
 	m := &middleware{limiter: limiter, options: o, ips: ips}
+	if o.static != nil {
+		m.staticPolicy = m.policies.get(*o.static)
+	}
 	return func(next http.Handler) http.Handler {
 		return &handler{middleware: m, next: next}
 	}, nil
@@ -282,6 +285,8 @@ type middleware struct {
 	options
 	ips      *ipResolver
 	policies policies
+	// staticPolicy is WithConfig's policy, worked out once.
+	staticPolicy *policy
 }
 
 type handler struct {
@@ -304,7 +309,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	setHeaders(w.Header(), h.headers, h.policies.get(cfg), d)
+	pol := h.staticPolicy
+	if pol == nil {
+		pol = h.policies.get(cfg)
+	}
+	setHeaders(w.Header(), h.headers, pol, d)
 	switch {
 	case d.Allowed:
 		h.next.ServeHTTP(w, r)
