@@ -59,3 +59,33 @@ func ExampleContextWithCaller() {
 	// Output:
 	// "0";r=9;t=1
 }
+
+// Behind a load balancer at 10.0.0.0/8 that appends to X-Forwarded-For,
+// the client is the first address from the right that is not the load
+// balancer's: the one it appended, not one a client wrote itself.
+func ExampleWithTrustedProxies() {
+	limit, err := httplimit.New(ratelimit.New(memory.New()),
+		httplimit.WithConfig(ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(1)}}),
+		httplimit.WithTrustedProxies(httplimit.XForwardedFor, "10.0.0.0/8"))
+	if err != nil {
+		panic(err)
+	}
+	h := limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	send := func(peer, xff string) int {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = peer
+		r.Header.Set("X-Forwarded-For", xff)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec.Code
+	}
+	fmt.Println(send("10.1.2.3:5000", "203.0.113.7"))          // through the load balancer
+	fmt.Println(send("10.1.2.3:5000", "1.2.3.4, 203.0.113.7")) // the same client, a forged hop in front
+	fmt.Println(send("10.1.2.3:5000", "203.0.113.8"))          // another client
+	fmt.Println(send("203.0.113.7:5000", "9.9.9.9"))           // straight in: the header is ignored
+	// Output:
+	// 200
+	// 429
+	// 200
+	// 429
+}
