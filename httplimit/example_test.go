@@ -82,7 +82,7 @@ func ExampleWithTrustedProxies() {
 	fmt.Println(send("10.1.2.3:5000", "203.0.113.7"))          // through the load balancer
 	fmt.Println(send("10.1.2.3:5000", "1.2.3.4, 203.0.113.7")) // the same client, a forged hop in front
 	fmt.Println(send("10.1.2.3:5000", "203.0.113.8"))          // another client
-	fmt.Println(send("203.0.113.7:5000", "9.9.9.9"))           // straight in: the header is ignored
+	fmt.Println(send("203.0.113.7:5000", "9.9.9.9"))           // straight in: its own address, not the header
 	// Output:
 	// 200
 	// 429
