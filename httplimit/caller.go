@@ -42,8 +42,9 @@ func CallerFromContext(ctx context.Context) (Caller, bool) {
 	return c, ok
 }
 
-// subject is whose plan applies.
-func (c Caller) subject() string {
+// Subject is whose plan applies to c's requests under [WithPlans]: its
+// Tenant, else its APIKey, else its Principal, else [AnonymousSubject].
+func (c Caller) Subject() string {
 	switch {
 	case c.Tenant != "":
 		return c.Tenant

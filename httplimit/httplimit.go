@@ -331,13 +331,11 @@ func (h *handler) config(ctx context.Context, caller Caller) (string, ratelimit.
 	if h.static != nil {
 		return StaticPlan, *h.static, nil
 	}
-	a, err := h.plans.Lookup(ctx, caller.subject())
+	a, err := h.plans.Lookup(ctx, caller.Subject())
 	if err != nil {
 		return "", ratelimit.Config{}, err
 	}
-	cfg := a.Plan.Config()
-	cfg.Version = a.ConfigVersion()
-	return a.Plan.Name, cfg, nil
+	return a.Plan.Name, a.Config(), nil
 }
 
 // identity is the last two segments of the request's key.

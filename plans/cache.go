@@ -524,7 +524,7 @@ func (c *Cache) commitRead(subject string, a Assignment, gen uint64, now time.Ti
 		e.expires = now.Add(c.opts.negativeTTL)
 	}
 	e.served = a
-	e.cfg = configOf(a)
+	e.cfg = a.Config()
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -557,7 +557,7 @@ func (c *Cache) commitFailure(subject string, err error, now time.Time) *entry {
 		e.plan, e.planMark = prev.plan, prev.planMark
 	} else {
 		e.served = c.withDefault(subject, 0)
-		e.cfg = configOf(e.served)
+		e.cfg = e.served.Config()
 	}
 	e.epoch = c.epoch.Load()
 	c.entries.Add(subject, e)
@@ -591,11 +591,4 @@ func (c *Cache) planState(name string) *planState {
 	p := new(planState)
 	c.plans[name] = p
 	return p
-}
-
-// configOf is the config of a's plan at a's ConfigVersion.
-func configOf(a Assignment) ratelimit.Config {
-	p := a.Plan
-	p.Version = a.ConfigVersion()
-	return p.Config()
 }

@@ -78,6 +78,14 @@ type Assignment struct {
 // built from: the later of the assignment's and the plan's.
 func (a Assignment) ConfigVersion() uint64 { return max(a.Version, a.Plan.Version) }
 
+// Config is the config of a's plan at a's ConfigVersion: what a bucket
+// limited by this assignment is decided on ([Cache.Config] returns it).
+func (a Assignment) Config() ratelimit.Config {
+	p := a.Plan
+	p.Version = a.ConfigVersion()
+	return p.Config()
+}
+
 // Store reads plans. Implementations must be safe for concurrent use.
 type Store interface {
 	// Lookup returns subject's assignment and its plan, in one read. A

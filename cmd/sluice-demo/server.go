@@ -166,10 +166,8 @@ type helloJSON struct {
 }
 
 func (h hello) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	subject := httplimit.AnonymousSubject
-	if c, _ := httplimit.CallerFromContext(r.Context()); c.Tenant != "" {
-		subject = c.Tenant
-	}
+	c, _ := httplimit.CallerFromContext(r.Context())
+	subject := c.Subject() // the plan the middleware limited this request by
 	a, err := h.cache.Lookup(r.Context(), subject)
 	if err != nil { // only the request's own context ending
 		return
