@@ -333,13 +333,6 @@ func (c Config) BandwidthName(i int) string {
 	return bandName(c.Bandwidths, i)
 }
 
-func gcd(a, b int64) int64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
-}
-
 // Fingerprint returns a stable 64-bit hash of everything in c that shapes
 // a bucket (not its Version). It is the same in every process and on
 // every platform, so replicas that pass the same config agree, and a plan
