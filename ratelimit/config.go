@@ -338,28 +338,44 @@ func (c Config) BandwidthName(i int) string {
 // every platform, so replicas that pass the same config agree, and a plan
 // change is seen as a different fingerprint.
 func (c Config) Fingerprint() uint64 {
-	h := uint64(0x6a09e667f3bcc908) // any fixed non-zero seed
-	h = mix(h, uint64(c.Algorithm))
+	// Each step folds two words into h with one 64×64→128-bit multiply,
+	// as wyhash does: a config of one bandwidth is three multiplies.
+	h := fold(fpSeed^uint64(c.Algorithm), fpK1^uint64(len(c.Bandwidths)))
 	for i := range c.Bandwidths {
 		b := &c.Bandwidths[i]
-		for j := 0; j < len(b.ID); j++ {
-			h = mix(h, uint64(b.ID[j]))
+		for id := b.ID; id != ""; {
+			var w uint64
+			n := min(len(id), 8)
+			for j := range n {
+				w |= uint64(id[j]) << (8 * j)
+			}
+			h, id = fold(h^w, fpK1), id[n:]
 		}
-		h = mix(h, uint64(len(b.ID)))
-		h = mix(h, uint64(b.Capacity))
-		h = mix(h, uint64(b.RefillTokens))
-		h = mix(h, uint64(b.RefillPeriod))
-		h = mix(h, uint64(b.Refill))
-		h = mix(h, uint64(b.Initial()))
+		// Initial ≤ Capacity < 2^50 leaves room above it for the ID's
+		// length (≤ 64, 7 bits) and the refill kind, which delimit the ID's
+		// bytes: "ab" then "c" is not "a" then "bc".
+		shape := uint64(b.Initial()) | uint64(len(b.ID))<<50 | uint64(b.Refill)<<57
+		h = fold(h^uint64(b.Capacity), fpK2^uint64(b.RefillTokens))
+		h = fold(h^uint64(b.RefillPeriod), fpK3^shape)
 		if b.Refill == IntervalAligned {
-			h = mix(h, uint64(b.AlignedStart.UnixMicro()))
+			h = fold(h^uint64(b.AlignedStart.UnixMicro()), fpK1)
 		}
 	}
 	return h
 }
 
-// mix folds v into h: a multiply-xorshift step, cheap and well spread.
-func mix(h, v uint64) uint64 {
-	h = (h ^ v) * 0x9e3779b97f4a7c15
-	return h ^ h>>31
+// The fingerprint's constants: any fixed odd numbers with their top bit
+// set, so that no field (each below 2^63) cancels one out.
+const (
+	fpSeed = 0xa0761d6478bd642f
+	fpK1   = 0xe7037ed1a0b428db
+	fpK2   = 0x8ebc6af09c88c6e3
+	fpK3   = 0x9e3779b97f4a7c15
+)
+
+// fold mixes a and b into one word: the high and low halves of their
+// product, xored.
+func fold(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return hi ^ lo
 }

@@ -19,7 +19,7 @@ import "math"
 // whose bandwidths have Interval refill (IntervalAligned for aligned
 // windows) of RefillTokens = Capacity: its Interval periods start when a
 // full bandwidth is first drawn, as these windows do.
-func applyFixedWindow(s *State, cfg Config, req Request, now int64) (d Decision) {
+func applyFixedWindow(d *Decision, s *State, cfg *Config, req *Request, now int64) {
 	fp := cfg.Fingerprint()
 	switch {
 	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt || s.Algorithm != FixedWindow:
@@ -50,15 +50,14 @@ func applyFixedWindow(s *State, cfg Config, req Request, now int64) (d Decision)
 	case Reset, Replace:
 	default:
 		m := windowMeter{s, bws, now}
-		binding = decide(&d, req, m.wait, m.room, m.take, m.lend)
+		binding = decide(d, req, m)
 	}
-	s.settleWindows(&d, bws, binding, now)
-	return d
+	s.settleWindows(d, bws, binding, now)
 }
 
 // emptyWindows makes s the state of a new FixedWindow bucket for cfg:
 // nothing counted.
-func (s *State) emptyWindows(cfg Config, fp uint64) {
+func (s *State) emptyWindows(cfg *Config, fp uint64) {
 	if cap(s.Bands) < len(cfg.Bandwidths) {
 		s.Bands = make([]BandState, len(cfg.Bandwidths))
 	}
@@ -78,7 +77,7 @@ func (s *State) emptyWindows(cfg Config, fp uint64) {
 // stands, even if the old period had ended it: as a token bucket refills
 // at the new rate since it was last touched, the state keeps no old
 // period. ResetTokens, or no match, leaves a bandwidth empty.
-func (s *State) carryWindows(cfg Config, fp uint64, strategy Inheritance) {
+func (s *State) carryWindows(cfg *Config, fp uint64, strategy Inheritance) {
 	old := s.Bands
 	s.Bands = make([]BandState, len(cfg.Bandwidths))
 	for i := range cfg.Bandwidths {

@@ -40,7 +40,7 @@ func applyChecked(t *testing.T, s *State, cfg Config, req Request, now int64) De
 	again := cloneState(s)
 	want := Apply(&again, cfg, req, now)
 	d := Apply(s, cfg, req, now)
-	if stored.holdsNewer(cfg, now) {
+	if stored.holdsNewer(&cfg, now) {
 		checkStale(t, &stored, s, cfg, req, d, now)
 		return d
 	}
@@ -114,8 +114,8 @@ func checkExpiresAt(t *testing.T, cfg Config, s *State, d Decision, now int64) {
 func checkStale(t *testing.T, stored, s *State, cfg Config, req Request, d Decision, now int64) {
 	t.Helper()
 	newer := *stored.Config
-	if !newer.accepts(cfg, req) {
-		if d != staleDenial(cfg) || !equalStates(*s, *stored) {
+	if !newer.accepts(&cfg, req) {
+		if d != staleDenial(&cfg) || !equalStates(*s, *stored) {
 			t.Fatalf("%+v at %d on %+v, a bucket of another algorithm or too small = %+v, leaving %+v; want a denial for StaleRetry, leaving it", req, now, *stored, d, *s)
 		}
 		return
@@ -124,7 +124,7 @@ func checkStale(t *testing.T, stored, s *State, cfg Config, req Request, d Decis
 		req.Op = Inspect
 	}
 	want := applyChecked(t, stored, newer, req, now)
-	want.Bandwidth = bandName(cfg.Bandwidths, callerBand(cfg, newer, want.Bandwidth))
+	want.Bandwidth = bandName(cfg.Bandwidths, callerBand(&cfg, &newer, want.Bandwidth))
 	if d != want || !equalStates(*s, *stored) {
 		t.Fatalf("%+v at %d on an older config = %+v, leaving %+v; want as the bucket's config decides, %+v, leaving %+v", req, now, d, *s, want, *stored)
 	}

@@ -50,7 +50,7 @@ import (
 // match starts as in a new bucket.
 
 // applyGCRA is [Apply] for [GCRA] and [LeakyBucket].
-func applyGCRA(s *State, cfg Config, req Request, now int64) (d Decision) {
+func applyGCRA(d *Decision, s *State, cfg *Config, req *Request, now int64) {
 	fp := cfg.Fingerprint()
 	switch {
 	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt || s.Algorithm != cfg.Algorithm:
@@ -70,14 +70,13 @@ func applyGCRA(s *State, cfg Config, req Request, now int64) (d Decision) {
 	case Reset, Replace:
 	default:
 		m := tatMeter{s, bws, now}
-		binding = decide(&d, req, m.wait, m.room, m.take, m.lend)
+		binding = decide(d, req, m)
 	}
-	s.settleTATs(&d, bws, binding, now)
-	return d
+	s.settleTATs(d, bws, binding, now)
 }
 
 // newTATs makes s the state of a new bucket for cfg.
-func (s *State) newTATs(cfg Config, fp uint64, now int64) {
+func (s *State) newTATs(cfg *Config, fp uint64, now int64) {
 	n := len(cfg.Bandwidths)
 	s.Bands = slices.Grow(s.Bands[:0], n)[:n]
 	for i := range cfg.Bandwidths {
@@ -96,7 +95,7 @@ func newTAT(b *Bandwidth, now int64) BandState {
 
 // carryTATs rebuilds s for cfg, keeping each matched bandwidth's TAT as
 // the file comment says.
-func (s *State) carryTATs(cfg Config, fp uint64, strategy Inheritance, now int64) {
+func (s *State) carryTATs(cfg *Config, fp uint64, strategy Inheritance, now int64) {
 	old := s.Bands
 	s.Bands = make([]BandState, len(cfg.Bandwidths))
 	for i := range cfg.Bandwidths {

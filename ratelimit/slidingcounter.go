@@ -30,7 +30,7 @@ import "math"
 // next, where cur weighs in as prev. A bandwidth is full again, and the
 // state the same as an absent bucket's, once both counts have rolled out:
 // two windows after Stamp if cur > 0, one if only prev > 0.
-func applyCounter(s *State, cfg Config, req Request, now int64) (d Decision) {
+func applyCounter(d *Decision, s *State, cfg *Config, req *Request, now int64) {
 	fp := cfg.Fingerprint()
 	switch {
 	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt || s.Algorithm != cfg.Algorithm:
@@ -53,14 +53,13 @@ func applyCounter(s *State, cfg Config, req Request, now int64) (d Decision) {
 	case Reset, Replace:
 	default:
 		m := counterMeter{bands, now}
-		binding = decide(&d, req, m.wait, m.room, m.take, m.lend)
+		binding = decide(d, req, m)
 	}
-	counterSettle(s, &d, cfg.Bandwidths, binding, now)
-	return d
+	counterSettle(s, d, cfg.Bandwidths, binding, now)
 }
 
 // counterInit makes s the state of a new bucket for cfg: nothing counted.
-func counterInit(s *State, cfg Config, fp uint64, now int64) {
+func counterInit(s *State, cfg *Config, fp uint64, now int64) {
 	if cap(s.Bands) < len(cfg.Bandwidths) {
 		s.Bands = make([]BandState, len(cfg.Bandwidths))
 	}
@@ -81,7 +80,7 @@ func counterFresh(b *Bandwidth, now int64) BandState {
 // strategy is ResetTokens. If its period changed, the old windows do not
 // line up with the new: the old current window's count goes into the new
 // current window, and the previous window's is dropped.
-func counterConvert(s *State, cfg Config, fp uint64, strategy Inheritance, now int64) {
+func counterConvert(s *State, cfg *Config, fp uint64, strategy Inheritance, now int64) {
 	old := s.Bands
 	s.Bands = make([]BandState, len(cfg.Bandwidths))
 	for i := range cfg.Bandwidths {

@@ -21,7 +21,7 @@ import "slices"
 // order.
 
 // applyLog is Apply for SlidingWindowLog.
-func applyLog(s *State, cfg Config, req Request, now int64) (d Decision) {
+func applyLog(d *Decision, s *State, cfg *Config, req *Request, now int64) {
 	fp := cfg.Fingerprint()
 	switch {
 	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt || s.Algorithm != cfg.Algorithm:
@@ -53,11 +53,12 @@ func applyLog(s *State, cfg Config, req Request, now int64) (d Decision) {
 		}
 	case Reset, Replace:
 	default:
-		m := logMeter{s, &counts, bws, now}
-		binding = decide(&d, req, m.wait, m.room, m.take, m.lend)
+		binding = decide(d, req, logMeter{s, counts, bws, now})
+		for i := range bws {
+			counts[i] += d.Consumed // what take logged
+		}
 	}
-	s.settleLog(&d, &counts, bws, binding, longest, now)
-	return d
+	s.settleLog(d, &counts, bws, binding, longest, now)
 }
 
 // logCounts holds how many entries of the log each bandwidth's window
@@ -81,7 +82,7 @@ func logLimits(bws []Bandwidth) (longest, bound int64) {
 }
 
 // rebuildLog stamps s as built for cfg, leaving the log as it is.
-func (s *State) rebuildLog(cfg Config, fp uint64) {
+func (s *State) rebuildLog(cfg *Config, fp uint64) {
 	s.Bands = s.Bands[:0]
 	for i := range cfg.Bandwidths {
 		s.Bands = append(s.Bands, BandState{ID: cfg.Bandwidths[i].ID, Capacity: cfg.Bandwidths[i].Capacity})
@@ -117,7 +118,7 @@ func (s *State) countLog(counts *logCounts, bws []Bandwidth, now int64) {
 // the log and how many of its entries each bandwidth's window holds.
 type logMeter struct {
 	s      *State
-	counts *logCounts
+	counts logCounts // before any take
 	bws    []Bandwidth
 	now    int64
 }
@@ -151,7 +152,7 @@ func (m logMeter) room() int64 {
 	return max(0, room)
 }
 
-// take logs n entries at now, after any entry at or before now, and
+// take logs n entries at now, after any entry at or before now; applyLog
 // counts them in every window.
 func (m logMeter) take(n int64) {
 	s := m.s
@@ -160,9 +161,6 @@ func (m logMeter) take(n int64) {
 	copy(s.Log[at+int(n):], s.Log[at:end])
 	for i := at; i < at+int(n); i++ {
 		s.Log[i] = m.now
-	}
-	for i := range s.Bands {
-		m.counts[i] += n
 	}
 }
 

@@ -79,28 +79,30 @@ type BandState struct {
 // support, more Tokens than its smallest Capacity), the call changes
 // nothing and is denied for [StaleRetry]: a stale replica picks up the new
 // config within its cache's lifetime.
-func Apply(s *State, cfg Config, req Request, now int64) Decision {
-	if s.holdsNewer(cfg, now) {
-		return s.applyStale(cfg, req, now)
+func Apply(s *State, cfg Config, req Request, now int64) (d Decision) {
+	if s.holdsNewer(&cfg, now) {
+		s.applyStale(&d, &cfg, req, now)
+		return d
 	}
-	d := applyAs(s, cfg, req, now)
-	s.keepConfig(cfg)
+	applyAs(&d, s, &cfg, &req, now)
+	s.keepConfig(&cfg)
 	return d
 }
 
-// applyAs is Apply with cfg whatever its version.
-func applyAs(s *State, cfg Config, req Request, now int64) Decision {
+// applyAs is Apply with cfg whatever its version, deciding into d.
+func applyAs(d *Decision, s *State, cfg *Config, req *Request, now int64) {
 	switch cfg.Algorithm {
 	case GCRA, LeakyBucket:
-		return applyGCRA(s, cfg, req, now)
+		applyGCRA(d, s, cfg, req, now)
 	case FixedWindow:
-		return applyFixedWindow(s, cfg, req, now)
+		applyFixedWindow(d, s, cfg, req, now)
 	case SlidingWindowLog:
-		return applyLog(s, cfg, req, now)
+		applyLog(d, s, cfg, req, now)
 	case SlidingWindowCounter:
-		return applyCounter(s, cfg, req, now)
+		applyCounter(d, s, cfg, req, now)
+	default:
+		applyBucket(d, s, cfg, req, now)
 	}
-	return applyBucket(s, cfg, req, now)
 }
 
 // periodStart is the stamp of a bandwidth that is full at now: the

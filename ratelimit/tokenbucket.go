@@ -6,7 +6,7 @@ import (
 )
 
 // applyBucket is Apply for [TokenBucket].
-func applyBucket(s *State, cfg Config, req Request, now int64) (d Decision) {
+func applyBucket(d *Decision, s *State, cfg *Config, req *Request, now int64) {
 	fp := cfg.Fingerprint()
 	switch {
 	case len(s.Bands) == 0 || req.Op == Reset || now >= s.ExpiresAt || s.Algorithm != cfg.Algorithm:
@@ -39,10 +39,9 @@ func applyBucket(s *State, cfg Config, req Request, now int64) (d Decision) {
 		}
 	default:
 		m := bucketMeter{s, bws, now}
-		binding = decide(&d, req, m.wait, m.room, m.take, m.lend)
+		binding = decide(d, req, m)
 	}
-	s.settle(&d, bws, binding, now)
-	return d
+	s.settle(d, bws, binding, now)
 }
 
 // bucketMeter is a token bucket's state as decide asks of it.
@@ -58,7 +57,7 @@ func (m bucketMeter) take(n int64)              { m.s.take(n) }
 func (m bucketMeter) lend(n int64) bool         { return m.s.canLend(m.bws, n) }
 
 // init makes s the state of a new bucket for cfg.
-func (s *State) init(cfg Config, fp uint64, now int64) {
+func (s *State) init(cfg *Config, fp uint64, now int64) {
 	if cap(s.Bands) < len(cfg.Bandwidths) {
 		s.Bands = make([]BandState, len(cfg.Bandwidths))
 	}
@@ -75,7 +74,7 @@ func fresh(b *Bandwidth, now int64) BandState {
 }
 
 // convert rebuilds s for cfg, carrying tokens over with strategy.
-func (s *State) convert(cfg Config, fp uint64, strategy Inheritance, now int64) {
+func (s *State) convert(cfg *Config, fp uint64, strategy Inheritance, now int64) {
 	old := s.Bands
 	s.Bands = make([]BandState, len(cfg.Bandwidths))
 	for i := range cfg.Bandwidths {

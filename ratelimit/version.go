@@ -12,28 +12,28 @@ const StaleRetry = time.Second
 
 // holdsNewer reports whether s, live at now, was built for a later version
 // than cfg's.
-func (s *State) holdsNewer(cfg Config, now int64) bool {
+func (s *State) holdsNewer(cfg *Config, now int64) bool {
 	return cfg.Version < s.Version && s.Config != nil && len(s.Bands) > 0 && now < s.ExpiresAt
 }
 
 // applyStale decides a call whose config, caller, is older than s's, on
 // s's config.
-func (s *State) applyStale(caller Config, req Request, now int64) Decision {
+func (s *State) applyStale(d *Decision, caller *Config, req Request, now int64) {
 	cfg := *s.Config
 	if !cfg.accepts(caller, req) {
-		return staleDenial(caller)
+		*d = staleDenial(caller)
+		return
 	}
 	if req.Op == Replace {
 		req.Op = Inspect
 	}
-	d := applyAs(s, cfg, req, now)
-	d.Bandwidth = bandName(caller.Bandwidths, callerBand(caller, cfg, d.Bandwidth))
-	return d
+	applyAs(d, s, &cfg, &req, now)
+	d.Bandwidth = bandName(caller.Bandwidths, callerBand(caller, &cfg, d.Bandwidth))
 }
 
 // accepts reports whether a stale call with the caller's config and req can
 // be decided on c: the same algorithm, and a request valid for c.
-func (c Config) accepts(caller Config, req Request) bool {
+func (c Config) accepts(caller *Config, req Request) bool {
 	if c.Algorithm != caller.Algorithm || !c.Algorithm.Supports(req.Op) {
 		return false
 	}
@@ -46,7 +46,7 @@ func (c Config) accepts(caller Config, req Request) bool {
 
 // staleDenial is the decision on a stale call that cannot be decided on
 // the bucket's config: denied, taking nothing.
-func staleDenial(caller Config) Decision {
+func staleDenial(caller *Config) Decision {
 	return Decision{
 		Limit:      caller.Bandwidths[0].Capacity,
 		RetryAfter: StaleRetry,
@@ -59,7 +59,7 @@ func staleDenial(caller Config) Decision {
 // bandwidth named name: the one with its ID, or, for a bandwidth without
 // one, the caller's at its position if that has none either; 0 if none
 // does.
-func callerBand(caller, cfg Config, name string) int {
+func callerBand(caller, cfg *Config, name string) int {
 	for j := range cfg.Bandwidths {
 		if bandName(cfg.Bandwidths, j) != name {
 			continue
@@ -77,7 +77,7 @@ func callerBand(caller, cfg Config, name string) int {
 
 // keepConfig records in s the version of cfg, which built or converted it,
 // and for a versioned cfg a copy of it, made only when it changed.
-func (s *State) keepConfig(cfg Config) {
+func (s *State) keepConfig(cfg *Config) {
 	s.Version = cfg.Version
 	if cfg.Version == 0 {
 		s.Config = nil
@@ -86,7 +86,7 @@ func (s *State) keepConfig(cfg Config) {
 	if s.Config != nil && s.Config.Version == cfg.Version && s.configFP == s.Fingerprint && s.Config.Algorithm == s.Algorithm {
 		return
 	}
-	c := cfg
+	c := *cfg
 	c.Bandwidths = slices.Clone(cfg.Bandwidths)
 	for i := range c.Bandwidths {
 		if b := &c.Bandwidths[i]; b.InitialTokens != nil {
