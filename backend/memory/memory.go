@@ -21,9 +21,11 @@ import (
 	"math"
 	"math/bits"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/sluicehq/sluice/internal/ctxerr"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -82,12 +84,151 @@ type Backend struct {
 type shard struct {
 	mu      sync.Mutex
 	buckets map[string]*entry
-	_       [128 - 16]byte
+	shapes  [ringShapes]*shape // the shapes its buckets took last
+	next    uint8              // the ring's slot for the next new shape
+	// st and bands hold the state of the bucket being decided, which the
+	// lock guards: scratch space that no call allocates.
+	st    ratelimit.State
+	bands [compactBands]ratelimit.BandState
+	_     [128 - (8+unsafe.Sizeof(map[string]*entry{})+8*ringShapes+8+unsafe.Sizeof(ratelimit.State{})+compactBands*unsafe.Sizeof(ratelimit.BandState{}))%128]byte
 }
 
+// compactBands is the most bandwidths a compact entry holds.
+const compactBands = 2
+
+// ringShapes is how many shapes a shard remembers for its new buckets to
+// share: a few configs in turn share without a lookup table.
+const ringShapes = 4
+
+// entry is one bucket, 48 bytes for the common buckets (with its key, one
+// slot of 64), so that a decision reads one cache line of it. A bucket of
+// at most compactBands bandwidths whose state is only their levels and
+// stamps (a token bucket, GCRA, LeakyBucket, a fixed window, a sliding
+// window counter whose previous windows are empty) keeps those and its
+// expiry here, and what its config fixes (the fingerprint, version and
+// config, each bandwidth's ID, capacity, scale and rate) in shape, which
+// the buckets of a shard on one config share. Any other bucket has a shape
+// of its own that holds its whole state in full.
 type entry struct {
-	state ratelimit.State
-	bands [2]ratelimit.BandState // state.Bands' storage for small configs
+	shape     *shape
+	expiresAt int64
+	level     [compactBands]int64
+	stamp     [compactBands]int64
+}
+
+// shape is what a config fixes in a bucket's state: proto is such a state
+// whose levels, stamps and expiry are zero, its Bands in bands. A shape
+// with full set is instead one bucket's whole state.
+type shape struct {
+	proto ratelimit.State
+	bands [compactBands]ratelimit.BandState
+	full  *ratelimit.State
+}
+
+// expires is when the bucket becomes the same as an absent one.
+func (e *entry) expires() int64 {
+	if full := e.shape.full; full != nil {
+		return full.ExpiresAt
+	}
+	return e.expiresAt
+}
+
+// load makes sh.st the state of the compact bucket e, for Apply. Called
+// with sh.mu held.
+func (sh *shard) load(e *entry) {
+	sh.st = e.shape.proto
+	n := len(sh.st.Bands)
+	sh.bands = e.shape.bands
+	for i := range n {
+		sh.bands[i].Level, sh.bands[i].Stamp = e.level[i], e.stamp[i]
+	}
+	sh.st.Bands, sh.st.ExpiresAt = sh.bands[:n], e.expiresAt
+}
+
+// save stores st, which Apply left, in e: compact when it fits, in a shape
+// of the shard's, else whole.
+func (sh *shard) save(e *entry, st *ratelimit.State) {
+	if !fits(st) {
+		full := *st
+		full.Bands = slices.Clone(st.Bands)
+		*e = entry{shape: &shape{full: &full}}
+		return
+	}
+	if e.shape == nil || !e.shape.holds(st) {
+		e.shape = sh.shapeOf(st)
+	}
+	e.expiresAt = st.ExpiresAt
+	for i := range st.Bands {
+		e.level[i], e.stamp[i] = st.Bands[i].Level, st.Bands[i].Stamp
+	}
+}
+
+// fits reports whether st can be kept compact.
+func fits(st *ratelimit.State) bool {
+	if len(st.Bands) > compactBands || st.Log != nil {
+		return false
+	}
+	for i := range st.Bands {
+		if st.Bands[i].Prev != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// holds reports whether st's fixed fields are sh's: the same config
+// (fingerprint, algorithm, version and the kept config) and bandwidths.
+func (p *shape) holds(st *ratelimit.State) bool {
+	pr := &p.proto
+	if p.full != nil || pr.Fingerprint != st.Fingerprint || pr.Algorithm != st.Algorithm || pr.Version != st.Version ||
+		pr.Config != st.Config || len(pr.Bands) != len(st.Bands) {
+		return false
+	}
+	for i := range st.Bands {
+		a, b := &p.bands[i], &st.Bands[i]
+		if a.ID != b.ID || a.Capacity != b.Capacity || a.Scale != b.Scale || a.Rate != b.Rate {
+			return false
+		}
+	}
+	return true
+}
+
+// shapeOf returns a shape holding st: one the shard used last, or a new
+// one, which it remembers instead of its oldest. Called with sh.mu held.
+func (sh *shard) shapeOf(st *ratelimit.State) *shape {
+	for _, p := range sh.shapes {
+		if p != nil && p.adopts(st) {
+			return p
+		}
+	}
+	p := new(shape)
+	p.proto = *st
+	p.proto.ExpiresAt = 0
+	for i := range st.Bands {
+		p.bands[i] = st.Bands[i]
+		p.bands[i].Level, p.bands[i].Stamp = 0, 0
+	}
+	p.proto.Bands = p.bands[:len(st.Bands)]
+	sh.shapes[sh.next] = p
+	sh.next = (sh.next + 1) % ringShapes
+	return p
+}
+
+// adopts reports whether a bucket whose state is st may take p as its
+// shape: p holds st, but for a config kept as another copy of the same
+// version and fingerprint (each bucket that Apply starts on a versioned
+// config copies it), which p's own copy then stands for.
+func (p *shape) adopts(st *ratelimit.State) bool {
+	if p.holds(st) {
+		return true
+	}
+	c, pc := st.Config, p.proto.Config
+	if c == nil || pc == nil || c.Version != pc.Version || c.Fingerprint() != pc.Fingerprint() {
+		return false
+	}
+	q := *st
+	q.Config = pc
+	return p.holds(&q)
 }
 
 type options struct {
@@ -200,13 +341,19 @@ func (m *Backend) apply(d *ratelimit.Decision, sh *shard, key string, cfg rateli
 	if e == nil {
 		return m.create(d, sh, key, cfg, req, now)
 	}
-	*d = ratelimit.Apply(&e.state, cfg, req, now)
-	if e.state.ExpiresAt <= now {
-		delete(sh.buckets, key) // the same as absent
-		m.keys.Add(-1)
+	if full := e.shape.full; full != nil {
+		*d = ratelimit.Apply(full, cfg, req, now)
+	} else {
+		sh.load(e)
+		*d = ratelimit.Apply(&sh.st, cfg, req, now)
+		sh.save(e, &sh.st)
+	}
+	if expires := e.expires(); expires > now {
+		m.lowerExpiryHint(expires)
 		return nil
 	}
-	m.lowerExpiryHint(e.state.ExpiresAt)
+	delete(sh.buckets, key) // the same as absent
+	m.keys.Add(-1)
 	return nil
 }
 
@@ -219,10 +366,10 @@ func (m *Backend) create(d *ratelimit.Decision, sh *shard, key string, cfg ratel
 	if m.closed.Load() {
 		return ErrClosed
 	}
-	var fresh entry
-	fresh.state.Bands = fresh.bands[:0]
-	*d = ratelimit.Apply(&fresh.state, cfg, req, now)
-	if fresh.state.ExpiresAt <= now {
+	st := &sh.st
+	*st = ratelimit.State{Bands: sh.bands[:0]}
+	*d = ratelimit.Apply(st, cfg, req, now)
+	if st.ExpiresAt <= now {
 		return nil
 	}
 	if m.keys.Add(1) > m.maxKeys {
@@ -231,12 +378,9 @@ func (m *Backend) create(d *ratelimit.Decision, sh *shard, key string, cfg ratel
 		return errNoRoom
 	}
 	e := new(entry)
-	*e = fresh
-	if len(fresh.state.Bands) <= len(e.bands) {
-		e.state.Bands = e.bands[:len(fresh.state.Bands)]
-	}
-	m.lowerExpiryHint(e.state.ExpiresAt)
+	sh.save(e, st)
 	sh.buckets[key] = e
+	m.lowerExpiryHint(st.ExpiresAt)
 	return nil
 }
 
@@ -291,11 +435,11 @@ func (m *Backend) sweep(now int64) {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		for k, e := range sh.buckets {
-			if e.state.ExpiresAt <= now {
+			if expires := e.expires(); expires <= now {
 				delete(sh.buckets, k)
 				m.keys.Add(-1)
 			} else {
-				m.lowerExpiryHint(e.state.ExpiresAt)
+				m.lowerExpiryHint(expires)
 			}
 		}
 		sh.mu.Unlock()

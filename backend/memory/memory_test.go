@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -200,24 +201,90 @@ func TestBadInputStoresNothing(t *testing.T) {
 }
 
 func TestExistingKeyDecisionDoesNotAllocate(t *testing.T) {
-	b := memory.New(memory.WithClock(newClock()))
-	defer b.Close()
-	l := ratelimit.New(b)
-	ctx := context.Background()
-	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{
+	two := []ratelimit.Bandwidth{
 		ratelimit.PerSecond(1_000_000).WithID("burst"),
 		ratelimit.PerHour(1_000_000_000).WithID("hourly"),
-	}}
-	if _, err := l.Allow(ctx, "k", cfg); err != nil {
-		t.Fatal(err)
 	}
-	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := l.Allow(ctx, "k", cfg); err != nil {
-			t.Fatal(err)
+	three := append(slices.Clone(two), ratelimit.Every(24*time.Hour, 1_000_000_000).WithID("daily"))
+	configs := map[string]ratelimit.Config{
+		"token bucket, two bandwidths":   {Bandwidths: two},
+		"token bucket, three":            {Bandwidths: three},
+		"versioned":                      {Bandwidths: two, Version: 3},
+		"GCRA":                           {Algorithm: ratelimit.GCRA, Bandwidths: two},
+		"fixed window":                   {Algorithm: ratelimit.FixedWindow, Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(1_000_000_000)}},
+		"sliding window counter":         {Algorithm: ratelimit.SlidingWindowCounter, Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(1_000_000)}},
+		"versioned, after a plan change": {Bandwidths: three, Version: 4},
+	}
+	for name, cfg := range configs {
+		t.Run(name, func(t *testing.T) {
+			b := memory.New(memory.WithClock(newClock()))
+			defer b.Close()
+			l := ratelimit.New(b)
+			ctx := context.Background()
+			if name == "versioned, after a plan change" {
+				if _, err := l.Allow(ctx, "k", configs["versioned"]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := l.Allow(ctx, "k", cfg); err != nil {
+				t.Fatal(err)
+			}
+			allocs := testing.AllocsPerRun(1000, func() {
+				if _, err := l.Allow(ctx, "k", cfg); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if allocs != 0 {
+				t.Fatalf("Allow on an existing key allocates %v times, want 0", allocs)
+			}
+		})
+	}
+}
+
+// TestBucketsAgreeWithApply runs one sequence of calls, with config
+// changes between the compact shapes and the whole-state form (more
+// bandwidths, a sliding log, a sliding window counter's previous window),
+// on many keys of one Backend and on ratelimit.Apply, and checks every
+// decision matches: however a bucket is stored, it decides as Apply does.
+func TestBucketsAgreeWithApply(t *testing.T) {
+	clock := newClock()
+	b := memory.New(memory.WithClock(clock))
+	defer b.Close()
+	one := []ratelimit.Bandwidth{ratelimit.PerSecond(5).WithID("s")}
+	two := append(slices.Clone(one), ratelimit.PerMinute(20).WithID("m"))
+	three := append(slices.Clone(two), ratelimit.PerHour(100).WithID("h"))
+	steps := []ratelimit.Config{
+		{Bandwidths: one},
+		{Bandwidths: two},
+		{Bandwidths: two, Version: 1},
+		{Bandwidths: three, Version: 2},
+		{Bandwidths: two, Version: 1}, // stale: decided on version 2's config
+		{Bandwidths: two, Version: 3},
+		{Bandwidths: one, Version: 1},
+		{Bandwidths: one, Version: 5},   // the same shape but for the version
+		{Bandwidths: three, Version: 4}, // stale: decided on version 5's config
+		{Algorithm: ratelimit.SlidingWindowLog, Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(5)}},
+		{Algorithm: ratelimit.SlidingWindowCounter, Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(5)}},
+		{Algorithm: ratelimit.GCRA, Bandwidths: two},
+		{Bandwidths: one},
+	}
+	const keys = 40
+	states := make([]ratelimit.State, keys)
+	ctx := context.Background()
+	for i, cfg := range steps {
+		for round := range 8 {
+			for k := range keys {
+				req := ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}
+				got, err := b.Do(ctx, fmt.Sprint("key-", k), cfg, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := ratelimit.Apply(&states[k], cfg, req, clock.Now().UnixMicro()); got != want {
+					t.Fatalf("step %d, round %d, key %d: Do = %+v, Apply = %+v", i, round, k, got, want)
+				}
+			}
+			clock.Advance(150 * time.Millisecond)
 		}
-	})
-	if allocs != 0 {
-		t.Fatalf("Allow on an existing key allocates %v times, want 0", allocs)
 	}
 }
 
