@@ -2,7 +2,8 @@
 #
 # `make test` is what CI runs (through .ci/run): `lint` first, so unformatted
 # code or a vet/staticcheck finding fails the build, then every test with the
-# race detector, in the root module and the otel module, then one pass of
+# race detector, in the root, otel, demo and benchmarks modules (the
+# benchmarks module's tests check the report generator), then one pass of
 # each benchmark in the benchmarks module.
 #
 # `make run` is the README's run command: the demo server on :8080.
@@ -39,11 +40,12 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: lint ## lint, then all tests with -race (root, otel and demo modules; the demo's in headless Chromium), then each benchmark once (what CI runs)
+test: lint ## lint, then all tests with -race (root, otel, demo and benchmarks modules; the demo's in headless Chromium), then each benchmark once (what CI runs)
 	$(GO) test -race -count=1 ./...
 	cd otel && $(GO) test -race -count=1 ./...
 	cd cmd/sluice-demo && $(GO) test -race -count=1 ./...
 ifneq ($(BENCHMARKS_MOD),)
+	cd benchmarks && $(GO) test -race -count=1 ./...
 	cd benchmarks && $(GO) test -run='^$$' -bench=. -benchtime=1x ./...
 endif
 
@@ -72,6 +74,10 @@ bench-algorithms: ## every algorithm on one redis-server: memory per key and dec
 .PHONY: bench-redis
 bench-redis: ## sluice's Redis backends vs redis_rate on one redis-server, six rounds, tables in bench/redis/benchstat.txt (about 15 min)
 	sh benchmarks/redis.sh bench/redis
+
+.PHONY: bench-peers
+bench-peers: ## sluice vs its peers in memory and on one redis-server (decisions/s, p50/p99/p99.9 at 1-256 goroutines, bytes per key, the pipelined ceiling): writes docs/benchmarks.md and its plots (about 5 min)
+	PEERS_COMMAND='make bench-peers' sh benchmarks/peers.sh bench/peers
 
 .PHONY: bench-burst
 bench-burst: ## healthy decision latency under a burst (2 processes × 100 calls), idle and beside a CPU burner, into benchmarks/results/ (about 5 min)

@@ -1,7 +1,6 @@
 package benchmarks
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -32,6 +31,10 @@ func AlgorithmConfig(alg ratelimit.Algorithm) ratelimit.Config {
 	return ratelimit.Config{Algorithm: alg, Bandwidths: []ratelimit.Bandwidth{bw}}
 }
 
+// algorithmGoroutines is how many goroutines share BenchmarkAlgorithms's
+// calls.
+const algorithmGoroutines = 64
+
 // BenchmarkAlgorithms measures decisions of each algorithm against one
 // redis-server, through sluice over rueidis, with 64 goroutines over 10k
 // keys, on [AlgorithmConfig]. redis_rate (its GCRA script, over go-redis)
@@ -43,7 +46,9 @@ func AlgorithmConfig(alg ratelimit.Algorithm) ratelimit.Config {
 // that of a log that long (a few dozen entries at -benchtime 2s).
 func BenchmarkAlgorithms(b *testing.B) {
 	addr, external := testkit.StandaloneAddr(b)
-	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	// redis_rate's client has a connection for each goroutine, as in
+	// BenchmarkRedis.
+	rdb := redis.NewClient(goredisOptions(addr, algorithmGoroutines))
 	b.Cleanup(func() { rdb.Close() })
 	ruc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true, ForceSingleClient: true})
 	if err != nil {
@@ -60,16 +65,12 @@ func BenchmarkAlgorithms(b *testing.B) {
 	}
 	impls := []redisImpl{{"redis_rate", allowRedisRate(rdb)}}
 	for alg := range ratelimit.LeakyBucket + 1 {
-		lim, cfg := ratelimit.New(backend), AlgorithmConfig(alg)
-		impls = append(impls, redisImpl{alg.String(), func(ctx context.Context, key string) (bool, error) {
-			d, err := lim.Allow(ctx, key, cfg)
-			return d.Allowed, err
-		}})
+		impls = append(impls, redisImpl{alg.String(), allowSluice(backend, AlgorithmConfig(alg))})
 	}
 	for _, im := range impls {
 		b.Run("algorithm="+im.name, func(b *testing.B) {
 			deleteKeys(b, rdb, keys) // each algorithm starts with no state
-			benchDecisions(b, rdb, im.allow, keys, 64)
+			benchDecisions(b, rdb, im.allow, keys, algorithmGoroutines)
 		})
 	}
 }

@@ -135,3 +135,32 @@ func benchParallel(b *testing.B, allow allowFunc, keys []string, want bool) {
 		}
 	})
 }
+
+// BenchmarkAllowGoroutines measures the allowed path of BenchmarkAllow's
+// implementations with exactly 1, 16, 64 and 256 goroutines sharing the
+// b.N calls, as BenchmarkRedis does: decisions/s and the p50, p99 and
+// p99.9 latency of one call ([timeDecisions]). The limit, keys and untimed
+// first call per key are BenchmarkAllow's, and every call must be allowed.
+//
+// Names are keys=1|100k/goroutines=1|16|64|256/impl=NAME.
+func BenchmarkAllowGoroutines(b *testing.B) {
+	for _, k := range []struct {
+		name string
+		n    int
+	}{
+		{"100k", manyKeys},
+		{"1", 1},
+	} {
+		keys := makeKeys(k.n)
+		for _, g := range goroutineCounts {
+			for _, im := range impls {
+				name := "keys=" + k.name + "/goroutines=" + strconv.Itoa(g) + "/impl=" + im.name
+				b.Run(name, func(b *testing.B) {
+					allow := im.start(b, allowAll)
+					touch(b, allow, keys)
+					timeDecisions(b, allow, keys, g, true)
+				})
+			}
+		}
+	}
+}

@@ -115,7 +115,12 @@ func startSethvargo(b *testing.B, l limit) allowFunc {
 // startUlule is github.com/ulule/limiter/v3 with its memory store: a fixed
 // window counter of Burst requests per window.
 func startUlule(b *testing.B, l limit) allowFunc {
-	lim := ulule.New(ululememory.NewStore(), ulule.Rate{Period: l.window(), Limit: l.Burst})
+	return ululeAllow(ululememory.NewStore(), l)
+}
+
+// ululeAllow is ulule's limiter on store with a window of l.Burst requests.
+func ululeAllow(store ulule.Store, l limit) allowFunc {
+	lim := ulule.New(store, ulule.Rate{Period: l.window(), Limit: l.Burst})
 	return func(ctx context.Context, key string) (bool, error) {
 		c, err := lim.Get(ctx, key)
 		return !c.Reached, err
@@ -124,13 +129,18 @@ func startUlule(b *testing.B, l limit) allowFunc {
 
 // startThrottled is github.com/throttled/throttled/v2's GCRA limiter on its
 // memory store without a key cap (a map under one RWMutex, its faster form;
-// with a cap it is an LRU under one lock). Its MaxBurst counts the requests
-// beyond the first.
+// with a cap it is an LRU under one lock).
 func startThrottled(b *testing.B, l limit) allowFunc {
 	store, err := memstore.NewCtx(0)
 	if err != nil {
 		b.Fatal(err)
 	}
+	return throttledAllow(b, store, l)
+}
+
+// throttledAllow is throttled's GCRA limiter on store enforcing l. Its
+// MaxBurst counts the requests beyond the first.
+func throttledAllow(b *testing.B, store throttled.GCRAStoreCtx, l limit) allowFunc {
 	lim, err := throttled.NewGCRARateLimiterCtx(store, throttled.RateQuota{
 		MaxRate:  throttled.PerDuration(int(l.Refill), l.Period),
 		MaxBurst: int(l.Burst) - 1,
@@ -138,9 +148,9 @@ func startThrottled(b *testing.B, l limit) allowFunc {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Its default of 10 compare-and-swap attempts fails calls when two
-	// goroutines share one key (keys=1/mode=parallel); uncontended calls
-	// never retry, so the raise changes nothing else.
+	// Its default of 10 compare-and-swap attempts fails calls when
+	// goroutines share one key (keys=1 with more than one goroutine);
+	// uncontended calls never retry, so the raise changes nothing else.
 	lim.SetMaxCASAttemptsLimit(1 << 20)
 	return func(ctx context.Context, key string) (bool, error) {
 		limited, _, err := lim.RateLimitCtx(ctx, key, 1)

@@ -1,5 +1,8 @@
 #!/bin/sh
-# run.sh runs sluice's benchmarks and compares them with benchstat.
+# run.sh runs the in-memory benchmarks of ns/op and allocations
+# (backend/memory's BenchmarkMemoryAllow, and BenchmarkAllow and
+# BenchmarkParallelCeiling here) and compares them with benchstat. The full
+# comparison with the peers, in memory and on Redis, is peers.sh's.
 #
 # Usage: benchmarks/run.sh [OUTDIR]   (default: bench, in the SDK root; git ignores it)
 #
@@ -24,7 +27,7 @@ while [ "$i" -lt "$count" ]; do
 	i=$((i + 1))
 	echo "round $i of $count" >&2
 	go test -run='^$' -bench=BenchmarkMemoryAllow -benchmem -count=1 ./backend/memory >>"$out/memory.txt"
-	(cd benchmarks && go test -run='^$' -bench=. -benchmem -count=1 -cpu=1,2 ./...) >>"$out/peers.txt"
+	(cd benchmarks && go test -run='^$' -bench='^Benchmark(Allow|ParallelCeiling)$' -benchmem -count=1 -cpu=1,2 .) >>"$out/peers.txt"
 done
 
 units='.unit:(sec/op OR allocs/op)'
