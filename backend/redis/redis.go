@@ -2,12 +2,20 @@
 // v9 client the service already has: a plain client, a cluster client, a
 // failover (Sentinel) client or a ring.
 //
-// Each decision is one EVALSHA of a Lua script on one key, so it is atomic
-// however many processes share the bucket, and the server's clock decides.
-// The script is sent with EVAL once whenever the server lacks it (after a
-// restart, a failover or SCRIPT FLUSH), and cached again. The same script,
-// key layout and state serve [github.com/sluicehq/sluice/backend/rueidis],
-// so processes on either client share buckets.
+// Each decision is one call of a Lua function on one key (FCALL), so it is
+// atomic however many processes share the bucket, and the server's clock
+// decides. The functions are one Redis Functions library, whose name
+// carries a hash of its source, so that other versions of sluice on the
+// same server keep theirs; the backend loads it (FUNCTION LOAD) on a server
+// that lacks it (a new server, or one restarted without persistence), the
+// first time a call there finds it missing, and sends the call again. On a
+// server that refuses Redis Functions (Redis before 7.0, or a FUNCTION
+// command that is renamed, denied by an ACL or refused by a proxy) the
+// backend runs the same Lua as scripts instead (EVALSHA, and EVAL once
+// whenever the server lacks the script), from the first refusal on. The
+// same Lua, key layout and state serve
+// [github.com/sluicehq/sluice/backend/rueidis], so processes on either
+// client share buckets.
 //
 // # Keys
 //
@@ -76,6 +84,7 @@ import (
 type Backend struct {
 	client   redis.UniversalClient
 	settings redisscript.Settings
+	runner   *redisscript.Runner
 	topology *redisscript.Topology // nil unless the client is a cluster's
 }
 
@@ -128,7 +137,9 @@ func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
 	if err := o.Check(name); err != nil {
 		return nil, err
 	}
-	return &Backend{client: client, settings: o.Settings, topology: topology(client)}, nil
+	return &Backend{
+		client: client, settings: o.Settings, runner: redisscript.NewRunner(scriptClient{client}), topology: topology(client),
+	}, nil
 }
 
 // scripts are redisscript.Scripts, ready to run.
@@ -140,18 +151,48 @@ var scripts = func() []*redis.Script {
 	return s
 }()
 
-// Do applies req to the bucket at key in one script call; see
-// [ratelimit.Backend].
+// Do applies req to the bucket at key in one call of its function (or
+// script); see [ratelimit.Backend].
 func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
 	call, err := b.settings.Prepare(ctx, name, key, cfg, req)
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
-	reply, err := scripts[call.Script].Run(ctx, b.client, []string{call.Key}, call.Arg).Int64Slice()
+	reply, err := b.runner.Run(ctx, call)
 	if err != nil {
 		return ratelimit.Decision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
 	}
 	return call.Decision(reply)
+}
+
+// scriptClient is the backend's client as [redisscript.Runner] uses it.
+type scriptClient struct{ redis.UniversalClient }
+
+func (c scriptClient) FCall(ctx context.Context, fn, key, arg string) ([]int64, error) {
+	return c.UniversalClient.FCall(ctx, fn, []string{key}, arg).Int64Slice()
+}
+
+func (c scriptClient) Eval(ctx context.Context, script int, key, arg string) ([]int64, error) {
+	return scripts[script].Run(ctx, c.UniversalClient, []string{key}, arg).Int64Slice()
+}
+
+// LoadFunctions loads the library on the master that serves key: for a
+// cluster client the slot's master, for a ring every shard (a ring does
+// not say which shard serves a key), and otherwise the client's server.
+func (c scriptClient) LoadFunctions(ctx context.Context, key string) error {
+	switch cl := c.UniversalClient.(type) {
+	case *redis.ClusterClient:
+		master, err := cl.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		return master.FunctionLoad(ctx, redisscript.Functions.Source).Err()
+	case *redis.Ring:
+		return cl.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
+			return shard.FunctionLoad(ctx, redisscript.Functions.Source).Err()
+		})
+	}
+	return c.FunctionLoad(ctx, redisscript.Functions.Source).Err()
 }
 
 // Report is what [Backend.Check] found, a [redischeck.Report]: Servers,
@@ -169,8 +210,9 @@ type Server = redischeck.Server
 var ErrUnsafeServer = redischeck.ErrUnsafeServer
 
 // Check asks every server the client reaches (each shard of a cluster or
-// ring) for its version and maxmemory-policy, loads the script there, and
-// looks at the client's retry and deadline settings. It returns the
+// ring) for its version and maxmemory-policy, loads the library there (a
+// replica gets it from its master; a server that refuses Redis Functions,
+// the scripts), and looks at the client's retry and deadline settings. It returns the
 // [Report] and, if a setting can break the limits, an error wrapping
 // [ErrUnsafeServer]:
 //
@@ -195,8 +237,11 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 	)
 	check := func(ctx context.Context, addr string, c redis.Cmdable) error {
 		info, err := c.Info(ctx).Result()
+		if err == nil {
+			err = b.runner.Loaded(c.FunctionLoad(ctx, redisscript.Functions.Source).Err())
+		}
 		for _, script := range scripts {
-			if err == nil {
+			if err == nil && b.runner.EvalOnly() {
 				err = script.Load(ctx, c).Err()
 			}
 		}

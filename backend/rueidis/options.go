@@ -55,9 +55,10 @@ const (
 //     Sentinel, which a Sentinel client asks for the master's address.
 //   - DisableRetry: true. rueidis retries read-only commands, and those
 //     marked retryable, after a network error, as often as the context
-//     allows. Nothing sluice sends is either (the script, and Check's INFO
-//     and SCRIPT LOAD), so this is for anything else sent on the client: it
-//     too fails at the first network error, as a decision does.
+//     allows. Nothing sluice sends is either (FCALL or EVALSHA, FUNCTION
+//     LOAD, and Check's INFO and SCRIPT LOAD), so this is for anything else
+//     sent on the client: it too fails at the first network error, as a
+//     decision does.
 //
 // One wait no setting bounds: in rueidis v1.0.79 a call that opens a
 // connection to a stalled server (a first call, or one after a stalled

@@ -1,25 +1,26 @@
 // Package rueidisbackend keeps sluice's buckets in Redis through a rueidis
 // client the service already has, standalone, cluster or Sentinel.
 //
-// Each decision is one EVALSHA of a Lua script on one key, so it is atomic
-// however many processes share the bucket, and the server's clock decides.
+// Each decision is one call of a Lua function on one key (FCALL), so it is
+// atomic however many processes share the bucket, and the server's clock
+// decides.
 // rueidis pipelines concurrent commands on shared connections
 // automatically, so many goroutines deciding at once share round trips: at
 // high concurrency this backend does several times the decisions per
-// second of one that takes a pooled connection per call. The script is sent
-// with EVAL once whenever the server lacks it (after a restart, a failover
-// or SCRIPT FLUSH), and cached again.
+// second of one that takes a pooled connection per call.
 //
-// The script, the key layout and the stored state are those of
+// The Redis Functions library, its loading on a server that lacks it and
+// the fall back to scripts (EVALSHA) on a server that refuses Functions,
+// the key layout and the stored state are those of
 // [github.com/sluicehq/sluice/backend/redis], so processes on either client
-// share buckets; see that package for the key layout.
+// share buckets; see that package.
 //
 // # Retries
 //
 // rueidis retries only commands marked read-only or retryable after a
-// network error; the script is neither, so a decision whose reply was lost
-// is never sent twice (and never charged twice). Such a call returns an
-// error: the tokens may or may not have been taken.
+// network error; FCALL and EVALSHA are neither, so a decision whose reply
+// was lost is never sent twice (and never charged twice). Such a call
+// returns an error: the tokens may or may not have been taken.
 //
 // # Errors
 //
@@ -58,6 +59,7 @@ import (
 type Backend struct {
 	client   rueidis.Client
 	settings redisscript.Settings
+	runner   *redisscript.Runner
 	topology *redisscript.Topology // nil unless the client is a cluster's
 }
 
@@ -111,7 +113,9 @@ func New(client rueidis.Client, opts ...Option) (*Backend, error) {
 	if err := o.Check(name); err != nil {
 		return nil, err
 	}
-	return &Backend{client: client, settings: o.Settings, topology: topology(client)}, nil
+	return &Backend{
+		client: client, settings: o.Settings, runner: redisscript.NewRunner(scriptClient{client}), topology: topology(client),
+	}, nil
 }
 
 // scripts are redisscript.Scripts, ready to run.
@@ -123,18 +127,35 @@ var scripts = func() []*rueidis.Lua {
 	return s
 }()
 
-// Do applies req to the bucket at key in one script call; see
-// [ratelimit.Backend].
+// Do applies req to the bucket at key in one call of its function (or
+// script); see [ratelimit.Backend].
 func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
 	call, err := b.settings.Prepare(ctx, name, key, cfg, req)
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
-	reply, err := scripts[call.Script].Exec(ctx, b.client, []string{call.Key}, []string{call.Arg}).AsIntSlice()
+	reply, err := b.runner.Run(ctx, call)
 	if err != nil {
 		return ratelimit.Decision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
 	}
 	return call.Decision(reply)
+}
+
+// scriptClient is the backend's client as [redisscript.Runner] uses it.
+type scriptClient struct{ rueidis.Client }
+
+func (c scriptClient) FCall(ctx context.Context, fn, key, arg string) ([]int64, error) {
+	return c.Do(ctx, c.B().Fcall().Function(fn).Numkeys(1).Key(key).Arg(arg).Build()).AsIntSlice()
+}
+
+func (c scriptClient) Eval(ctx context.Context, script int, key, arg string) ([]int64, error) {
+	return scripts[script].Exec(ctx, c.Client, []string{key}, []string{arg}).AsIntSlice()
+}
+
+// LoadFunctions sends FUNCTION LOAD, which names no key, to the slot of
+// key, so that in a cluster the master that serves key gets it.
+func (c scriptClient) LoadFunctions(ctx context.Context, key string) error {
+	return c.Do(ctx, c.B().FunctionLoad().FunctionCode(redisscript.Functions.Source).Build().SetSlot(key)).Error()
 }
 
 // Report is what [Backend.Check] found, a [redischeck.Report]: Servers,
@@ -152,7 +173,9 @@ type Server = redischeck.Server
 var ErrUnsafeServer = redischeck.ErrUnsafeServer
 
 // Check asks every server the client reaches (each node of a cluster) for
-// its version and maxmemory-policy, and loads the script there. It returns
+// its version and maxmemory-policy, and loads the library there (a replica
+// gets it from its master; a server that refuses Redis Functions, the
+// scripts). It returns
 // the [Report] and, if a server's maxmemory-policy is not noeviction (Redis
 // may then evict bucket keys under memory pressure, and an evicted bucket
 // starts full again), an error wrapping [ErrUnsafeServer].
@@ -165,8 +188,11 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 	var servers []Server
 	for addr, c := range b.client.Nodes() {
 		info, err := c.Do(ctx, c.B().Info().Build()).ToString()
+		if err == nil {
+			err = b.runner.Loaded(c.Do(ctx, c.B().FunctionLoad().FunctionCode(redisscript.Functions.Source).Build()).Error())
+		}
 		for _, script := range redisscript.Scripts {
-			if err == nil {
+			if err == nil && b.runner.EvalOnly() {
 				err = c.Do(ctx, c.B().ScriptLoad().Script(script.Source).Build()).Error()
 			}
 		}

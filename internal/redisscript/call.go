@@ -28,7 +28,8 @@ type Call struct {
 	Key string
 	// Arg is the packed request, ARGV[1].
 	Arg string
-	// Script is the index in [Scripts] of the script to run.
+	// Script is the index in [Scripts] of the script to run, and in
+	// [Functions].Functions of the function.
 	Script int
 	cfg    ratelimit.Config
 }

@@ -1,4 +1,4 @@
--- sluice fixed window: one atomic decision on the bucket at KEYS[1].
+-- sluice fixed window: run is one atomic decision on the call's bucket.
 --
 -- This is ratelimit's applyFixedWindow (ratelimit/fixedwindow.go) in Lua;
 -- read its comments for the rules. Bandwidth i has hits[i] requests counted
@@ -22,134 +22,136 @@ local LATEST = 2 ^ 52 + 2 ^ 45
 
 local OLD_BACK, OLD_HITS = OLD_U1, OLD_S1
 
-local raw, n, oldFp, exp, old = readState()
-if raw == nil then
-  return n -- the error
-end
-if raw and exp >= LATEST then
-  return corrupt()
-end
-
-local hits, ends = {}, {}
--- dirty: whether the value or its TTL must be written.
-local dirty = clockGiven
-if not raw or op == RESET or now >= exp then
-  dirty = true
-  for i = 1, count do
-    hits[i] = 0
+-- run is applyFixedWindow.
+local function run()
+  local raw, n, oldFp, exp, old = readState()
+  if raw == nil then
+    return n -- the error
   end
-elseif op == REPLACE or oldFp ~= fp or n ~= count then
-  -- A config change: a matched bandwidth keeps its count, up to its new
-  -- capacity, and its window's start, moved back to its boundary if
-  -- aligned; the window may so be over.
-  dirty = true
-  for i = 1, count do
-    hits[i] = 0
-    local j = match(i, old, n)
-    if strategy ~= RESET_TOKENS and j then
-      local c, o = 8 * i, 5 * j
-      local h = old[o + OLD_HITS]
-      if h < 0 then
-        return corrupt()
-      elseif h > 0 then
-        local start, period = exp - old[o + OLD_BACK], cfg[c + PERIOD]
-        if cfg[c + KIND] == ALIGNED then
-          start = start - (start - cfg[c + START]) % period
-        end
-        if now < start + period then
-          if h > cfg[c + CAP] then
-            h = cfg[c + CAP]
+  if raw and exp >= LATEST then
+    return corrupt()
+  end
+
+  local hits, ends = {}, {}
+  -- dirty: whether the value or its TTL must be written.
+  local dirty = clockGiven
+  if not raw or op == RESET or now >= exp then
+    dirty = true
+    for i = 1, count do
+      hits[i] = 0
+    end
+  elseif op == REPLACE or oldFp ~= fp or n ~= count then
+    -- A config change: a matched bandwidth keeps its count, up to its new
+    -- capacity, and its window's start, moved back to its boundary if
+    -- aligned; the window may so be over.
+    dirty = true
+    for i = 1, count do
+      hits[i] = 0
+      local j = match(i, old, n)
+      if strategy ~= RESET_TOKENS and j then
+        local c, o = 8 * i, 5 * j
+        local h = old[o + OLD_HITS]
+        if h < 0 then
+          return corrupt()
+        elseif h > 0 then
+          local start, period = exp - old[o + OLD_BACK], cfg[c + PERIOD]
+          if cfg[c + KIND] == ALIGNED then
+            start = start - (start - cfg[c + START]) % period
           end
-          hits[i], ends[i] = h, start + period
+          if now < start + period then
+            if h > cfg[c + CAP] then
+              h = cfg[c + CAP]
+            end
+            hits[i], ends[i] = h, start + period
+          end
+        end
+      end
+    end
+  else
+    for i = 1, count do
+      local c, o = 8 * i, 5 * i
+      local h, back, period = old[o + OLD_HITS], old[o + OLD_BACK], cfg[c + PERIOD]
+      -- A count beyond the capacity, or a window that ends after the
+      -- expiry, is no state this script wrote.
+      if h < 0 or h > cfg[c + CAP] or h > 0 and back < period then
+        return corrupt()
+      end
+      hits[i] = 0
+      if h > 0 then
+        local e = exp - back + period
+        if now < e then
+          hits[i], ends[i] = h, e
+        else
+          dirty = true
         end
       end
     end
   end
-else
-  for i = 1, count do
-    local c, o = 8 * i, 5 * i
-    local h, back, period = old[o + OLD_HITS], old[o + OLD_BACK], cfg[c + PERIOD]
-    -- A count beyond the capacity, or a window that ends after the
-    -- expiry, is no state this script wrote.
-    if h < 0 or h > cfg[c + CAP] or h > 0 and back < period then
-      return corrupt()
+
+  -- take counts t requests in every bandwidth, opening the windows of those
+  -- that have none.
+  local function take(t)
+    for i = 1, count do
+      if hits[i] == 0 then
+        local c = 8 * i
+        local start, period = now, cfg[c + PERIOD]
+        if cfg[c + KIND] == ALIGNED then
+          start = now - (now - cfg[c + START]) % period
+        end
+        ends[i] = start + period
+      end
+      hits[i] = hits[i] + t
     end
-    hits[i] = 0
-    if h > 0 then
-      local e = exp - back + period
-      if now < e then
-        hits[i], ends[i] = h, e
-      else
-        dirty = true
+    dirty = true
+  end
+
+  -- waitFor is the µs until every bandwidth has room for t more requests, and
+  -- the bandwidth that takes longest; a bandwidth without room has a window.
+  local function waitFor(t)
+    local wait, slowest = 0, 1
+    for i = 1, count do
+      if hits[i] + t > cfg[8 * i + CAP] and ends[i] - now > wait then
+        wait, slowest = ends[i] - now, i
       end
     end
+    return wait, slowest
   end
-end
 
--- take counts t requests in every bandwidth, opening the windows of those
--- that have none.
-local function take(t)
+  -- room is the requests bandwidth i has left in its window.
+  local function room(i)
+    return cfg[8 * i + CAP] - hits[i]
+  end
+
+  local allowed, consumed, retry, binding = 1, 0, 0, 0
+  if op == ADD then
+    refund(hits, tokens)
+    dirty = true
+  elseif op ~= RESET and op ~= REPLACE then
+    allowed, consumed, retry, binding = decide(waitFor, room, take)
+  end
+
+  -- Settle: the binding bandwidth, and the expiry: when the last window ends.
+  local left
+  binding, left = bindingOf(allowed, binding, room)
+  local expiry = now
   for i = 1, count do
-    if hits[i] == 0 then
-      local c = 8 * i
-      local start, period = now, cfg[c + PERIOD]
-      if cfg[c + KIND] == ALIGNED then
-        start = now - (now - cfg[c + START]) % period
+    if hits[i] > 0 and ends[i] > expiry then
+      expiry = ends[i]
+    end
+  end
+
+  if dirty and expiry > now then
+    for i = 1, count do
+      local h = hits[i]
+      local back = 0
+      if h > 0 then
+        back = expiry - ends[i] + cfg[8 * i + PERIOD]
       end
-      ends[i] = start + period
+      packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] = back, h, 0, 0
     end
-    hits[i] = hits[i] + t
+    store(encodeState(packed, expiry), expiry, raw and exp)
+  elseif dirty then
+    store(nil, expiry)
   end
-  dirty = true
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}
 end
-
--- waitFor is the µs until every bandwidth has room for t more requests, and
--- the bandwidth that takes longest; a bandwidth without room has a window.
-local function waitFor(t)
-  local wait, slowest = 0, 1
-  for i = 1, count do
-    if hits[i] + t > cfg[8 * i + CAP] and ends[i] - now > wait then
-      wait, slowest = ends[i] - now, i
-    end
-  end
-  return wait, slowest
-end
-
--- room is the requests bandwidth i has left in its window.
-local function room(i)
-  return cfg[8 * i + CAP] - hits[i]
-end
-
-local allowed, consumed, retry, binding = 1, 0, 0, 0
-if op == ADD then
-  refund(hits, tokens)
-  dirty = true
-elseif op ~= RESET and op ~= REPLACE then
-  allowed, consumed, retry, binding = decide(waitFor, room, take)
-end
-
--- Settle: the binding bandwidth, and the expiry: when the last window ends.
-local left
-binding, left = bindingOf(allowed, binding, room)
-local expiry = now
-for i = 1, count do
-  if hits[i] > 0 and ends[i] > expiry then
-    expiry = ends[i]
-  end
-end
-
-if dirty and expiry > now then
-  local packed = {}
-  for i = 1, count do
-    local h = hits[i]
-    local back = 0
-    if h > 0 then
-      back = expiry - ends[i] + cfg[8 * i + PERIOD]
-    end
-    packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] = back, h, 0, 0
-  end
-  store(encodeState(packed, expiry), expiry, raw and exp)
-elseif dirty then
-  store(nil, expiry)
-end
-return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}

@@ -1,4 +1,5 @@
--- sluice GCRA and leaky bucket: one atomic decision on the bucket at KEYS[1].
+-- sluice GCRA and leaky bucket: run is one atomic decision on the call's
+-- bucket.
 --
 -- This is applyGCRA (ratelimit/gcra.go) in Lua, for both algorithms: the
 -- format byte keeps their states apart. Read gcra.go for the rules; the
@@ -13,24 +14,6 @@
 
 local OLD_FRAC, OLD_BACK = OLD_U1, OLD_S1
 
-local raw, n, oldFp, exp, old = readState()
-if raw == nil then
-  return n -- the error
-end
-if raw then
-  -- An expiry past 2^53, or a TAT after it or before 0, is no state this
-  -- script wrote.
-  if exp > SATURATED then
-    return corrupt()
-  end
-  for j = 1, n do
-    local back = old[5 * j + OLD_BACK]
-    if back < 0 or back > exp then
-      return corrupt()
-    end
-  end
-end
-
 -- maxAhead is how far ahead of now, in scaled units, bandwidth i's TAT may
 -- be after a reservation: 2^51µs, and 2^51 units beyond empty. The first
 -- product is rounded past 2^53, and then not returned.
@@ -43,6 +26,9 @@ local function maxAhead(i)
   return debt
 end
 
+-- tat[i] and frac[i] are bandwidth i's state during a call: every call
+-- sets them for its bandwidths before it reads them, so a library's calls
+-- share the two tables.
 local tat, frac = {}, {}
 
 -- start makes bandwidth i a new bucket's, holding its initial tokens.
@@ -51,39 +37,6 @@ local function start(i)
   local rate, x = cfg[c + RATE], (cfg[c + CAP] - cfg[c + INITIAL]) * cfg[c + SCALE]
   local f = x % rate
   tat[i], frac[i] = now + (x - f) / rate, f
-end
-
-if not raw or op == RESET or now >= exp then
-  for i = 1, count do
-    start(i)
-  end
-elseif op == REPLACE or oldFp ~= fp or n ~= count then
-  -- A config change: a matched bandwidth keeps its TAT, rounded up to a
-  -- whole µs and within the new debt limits.
-  for i = 1, count do
-    local j = match(i, old, n)
-    if strategy == RESET_TOKENS or not j then
-      start(i)
-    else
-      local t, rate, limit = exp - old[5 * j + OLD_BACK], cfg[8 * i + RATE], maxAhead(i)
-      if old[5 * j + OLD_FRAC] > 0 then
-        t = t + 1
-      end
-      limit = now + (limit - limit % rate) / rate
-      if t > limit then
-        t = limit
-      end
-      tat[i], frac[i] = t, 0
-    end
-  end
-else
-  for i = 1, count do
-    local f = old[5 * i + OLD_FRAC]
-    if f >= cfg[8 * i + RATE] then
-      return corrupt()
-    end
-    tat[i], frac[i] = exp - old[5 * i + OLD_BACK], f
-  end
 end
 
 -- whole is the whole tokens bandwidth i conforms now: its burst less how
@@ -136,91 +89,148 @@ local function span(i, t)
   return a, b
 end
 
-local allowed, consumed, retry, binding = 1, 0, 0, 0
-if op == ADD then
-  -- Each TAT moves back tokens * T, to now at the earliest. T is at least
-  -- 1µs: more tokens than whole µs ahead reach now.
+-- The wait for t tokens: the longest until a bandwidth conforms them.
+local function waitFor(t)
+  local wait, slowest = 0, 1
   for i = 1, count do
-    local s, f = now, 0
-    if tokens <= tat[i] - now then
-      local a, b = span(i, tokens)
-      s, f = tat[i] - a, frac[i] - b
-      if f < 0 then
-        s, f = s - 1, f + cfg[8 * i + RATE]
-      end
-      if s < now then
-        s, f = now, 0
-      end
-    end
-    tat[i], frac[i] = s, f
-  end
-elseif op ~= RESET and op ~= REPLACE then
-  -- The wait for t tokens: the longest until a bandwidth conforms them.
-  local function waitFor(t)
-    local wait, slowest = 0, 1
-    for i = 1, count do
-      local c = 8 * i
-      local rate, x = cfg[c + RATE], frac[i] + (t - cfg[c + CAP]) * cfg[c + SCALE]
-      x = tat[i] - now + (x + -x % rate) / rate
-      if x > wait then
-        wait, slowest = x, i
-      end
-    end
-    return wait, slowest
-  end
-  local function take(t)
-    for i = 1, count do
-      tat[i], frac[i] = after(i, t)
+    local c = 8 * i
+    local rate, x = cfg[c + RATE], frac[i] + (t - cfg[c + CAP]) * cfg[c + SCALE]
+    x = tat[i] - now + (x + -x % rate) / rate
+    if x > wait then
+      wait, slowest = x, i
     end
   end
-  -- lend: credit while every TAT stays within the debt limits; the
-  -- product is only compared.
-  local function lend(t)
-    for i = 1, count do
-      local s, f = after(i, t)
-      if (s - now) * cfg[8 * i + RATE] + f > maxAhead(i) then
-        return false
-      end
-    end
-    return true
-  end
-  allowed, consumed, retry, binding = decide(waitFor, whole, take, lend)
+  return wait, slowest
 end
 
--- Settle: the binding bandwidth (the one with the fewest tokens left unless
--- a denial named one), the time until every bandwidth is full, the time a
--- new bucket takes to fill, and the expiry.
-local left
-binding, left = bindingOf(allowed, binding, whole)
-local resetAfter, warmup = 0, 0
-for i = 1, count do
-  local c = 8 * i
-  local w = tat[i] - now
-  if frac[i] > 0 then
-    w = w + 1
-  end
-  if w > resetAfter then
-    resetAfter = w
-  end
-  local rate, x = cfg[c + RATE], (cfg[c + CAP] - cfg[c + INITIAL]) * cfg[c + SCALE]
-  w = (x + -x % rate) / rate
-  if w > warmup then
-    warmup = w
+-- take takes t tokens from every bandwidth.
+local function take(t)
+  for i = 1, count do
+    tat[i], frac[i] = after(i, t)
   end
 end
 
-local expiry = now + resetAfter + warmup
-if expiry > now then
-  local packed = {}
+-- lend: credit while every TAT stays within the debt limits; the product
+-- is only compared.
+local function lend(t)
   for i = 1, count do
-    packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] = frac[i], expiry - tat[i], 0, 0
+    local s, f = after(i, t)
+    if (s - now) * cfg[8 * i + RATE] + f > maxAhead(i) then
+      return false
+    end
   end
-  local v = encodeState(packed, expiry)
-  if v == nil then
-    return corrupt()
-  end
-  store(v, expiry, raw and exp)
-else
-  store(nil, expiry)
+  return true
 end
-return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, bandOut(binding)}
+
+-- run is applyGCRA, as in ratelimit/gcra.go.
+local function run()
+  local raw, n, oldFp, exp, old = readState()
+  if raw == nil then
+    return n -- the error
+  end
+  if raw then
+    -- An expiry past 2^53, or a TAT after it or before 0, is no state this
+    -- script wrote.
+    if exp > SATURATED then
+      return corrupt()
+    end
+    for j = 1, n do
+      local back = old[5 * j + OLD_BACK]
+      if back < 0 or back > exp then
+        return corrupt()
+      end
+    end
+  end
+
+  if not raw or op == RESET or now >= exp then
+    for i = 1, count do
+      start(i)
+    end
+  elseif op == REPLACE or oldFp ~= fp or n ~= count then
+    -- A config change: a matched bandwidth keeps its TAT, rounded up to a
+    -- whole µs and within the new debt limits.
+    for i = 1, count do
+      local j = match(i, old, n)
+      if strategy == RESET_TOKENS or not j then
+        start(i)
+      else
+        local t, rate, limit = exp - old[5 * j + OLD_BACK], cfg[8 * i + RATE], maxAhead(i)
+        if old[5 * j + OLD_FRAC] > 0 then
+          t = t + 1
+        end
+        limit = now + (limit - limit % rate) / rate
+        if t > limit then
+          t = limit
+        end
+        tat[i], frac[i] = t, 0
+      end
+    end
+  else
+    for i = 1, count do
+      local f = old[5 * i + OLD_FRAC]
+      if f >= cfg[8 * i + RATE] then
+        return corrupt()
+      end
+      tat[i], frac[i] = exp - old[5 * i + OLD_BACK], f
+    end
+  end
+
+  local allowed, consumed, retry, binding = 1, 0, 0, 0
+  if op == ADD then
+    -- Each TAT moves back tokens * T, to now at the earliest. T is at least
+    -- 1µs: more tokens than whole µs ahead reach now.
+    for i = 1, count do
+      local s, f = now, 0
+      if tokens <= tat[i] - now then
+        local a, b = span(i, tokens)
+        s, f = tat[i] - a, frac[i] - b
+        if f < 0 then
+          s, f = s - 1, f + cfg[8 * i + RATE]
+        end
+        if s < now then
+          s, f = now, 0
+        end
+      end
+      tat[i], frac[i] = s, f
+    end
+  elseif op ~= RESET and op ~= REPLACE then
+    allowed, consumed, retry, binding = decide(waitFor, whole, take, lend)
+  end
+
+  -- Settle: the binding bandwidth (the one with the fewest tokens left unless
+  -- a denial named one), the time until every bandwidth is full, the time a
+  -- new bucket takes to fill, and the expiry.
+  local left
+  binding, left = bindingOf(allowed, binding, whole)
+  local resetAfter, warmup = 0, 0
+  for i = 1, count do
+    local c = 8 * i
+    local w = tat[i] - now
+    if frac[i] > 0 then
+      w = w + 1
+    end
+    if w > resetAfter then
+      resetAfter = w
+    end
+    local rate, x = cfg[c + RATE], (cfg[c + CAP] - cfg[c + INITIAL]) * cfg[c + SCALE]
+    w = (x + -x % rate) / rate
+    if w > warmup then
+      warmup = w
+    end
+  end
+
+  local expiry = now + resetAfter + warmup
+  if expiry > now then
+    for i = 1, count do
+      packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] = frac[i], expiry - tat[i], 0, 0
+    end
+    local v = encodeState(packed, expiry)
+    if v == nil then
+      return corrupt()
+    end
+    store(v, expiry, raw and exp)
+  else
+    store(nil, expiry)
+  end
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, bandOut(binding)}
+end

@@ -1,8 +1,18 @@
--- sluice script prelude: what every script shares. Scripts() prepends it to
--- each algorithm's file, so a script is this chunk followed by that file,
--- run as one: the locals here are the algorithm's too.
+-- sluice script prelude: what every script shares. The Go code puts it
+-- before the algorithms' files, each of which defines its decision as the
+-- function run, and makes of them either one Redis Functions library
+-- (FUNCTION LOAD: this chunk and every algorithm's file run once, and each
+-- FCALL runs only begin and the algorithm's run) or one script per
+-- algorithm (EVALSHA: the prelude, the algorithm's file, then begin and
+-- run, all on every call). The locals here are the algorithms' too.
 --
--- ARGV[1] is the request, packed by NewCall in call.go (little-endian):
+-- The per-call state is in locals of this chunk, which begin sets from the
+-- call's key and argument: Redis runs one script or function at a time, so
+-- no two calls share them, and a library keeps its helpers, caches and
+-- tables from call to call instead of making them again.
+--
+-- The call's argument is the request, packed by NewCall in call.go
+-- (little-endian):
 --   c8 fingerprint, B op, d tokens, d max wait (µs), B strategy,
 --   d now (µs; negative: use the server's TIME), B bandwidth count,
 --   B algorithm, then per bandwidth: B refill kind, d capacity, d scale,
@@ -20,10 +30,13 @@
 --
 -- The scripts run for every decision, so they are written for Redis's Lua,
 -- where (counted with callgrind on redis-server 7.0.15) a function call,
--- Lua or C, costs about ten times an arithmetic operation, and a table or
--- string made costs a few thousand instructions. Hence:
+-- Lua or C, costs about ten times an arithmetic operation, and a table,
+-- string or closure made costs a few thousand instructions. Hence:
 --
---   - data lives in a handful of flat arrays indexed by bandwidth;
+--   - data lives in a handful of flat arrays indexed by bandwidth, and the
+--     token bucket's and GCRA's helpers are defined outside run, so that a
+--     library makes them once, not per call;
+--   - a request's struct format is built once per bandwidth count and kept;
 --   - floor(a/b), for b > 0, is written (a - a % b) / b and ceil(a/b) as
 --     (a + -a % b) / b: % is an operation, math.floor a call. Both are
 --     exact for integers below 2^53: a % b is a - floor(a/b)·b, and a/b
@@ -37,22 +50,56 @@ local RESET_TOKENS, PROPORTIONALLY, ADDITIVE = 1, 2, 3
 local SATURATED = 2 ^ 53
 local GRACE = 60000 -- ms a key outlives its expiry on a caller's clock
 
-local byte, rep = string.byte, string.rep
+-- A library's top level runs without the standard library (the code that
+-- FUNCTION LOAD runs sees little more than the redis table), so begin
+-- fetches these.
+local byte, rep
 
 -- The request: one unpack. cfg holds the header, then 8 fields per
 -- bandwidth; bandwidth i's field F is cfg[8 * i + F].
 local HEADER = '<c8BddBdBB' -- to the bandwidth count and algorithm: 36 bytes
 local BAND = 'BddddddBc0'
-local count = byte(ARGV[1], 35)
-local cfg = {struct.unpack(HEADER .. rep(BAND, count) .. 'd', ARGV[1])}
-local fp, op, tokens, maxWait, strategy, now, algorithm = cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[8]
 local KIND, CAP, SCALE, RATE, PERIOD, INITIAL, START, ID = 1, 2, 3, 4, 5, 6, 7, 8
-local version = cfg[8 * count + 9]
 
-local clockGiven = now >= 0
-if not clockGiven then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2] -- Lua converts the strings
+-- formats[n] is the struct format of a request of n bandwidths, built on
+-- first use; a library keeps it for later calls.
+local formats = {}
+local function requestFormat(n)
+  local f = formats[n]
+  if not f then
+    f = HEADER .. rep(BAND, n) .. 'd'
+    formats[n] = f
+  end
+  return f
+end
+
+-- The call: its key and argument, the request unpacked from it, the clock.
+local key, arg, cfg, count, fp, op, tokens, maxWait, strategy, now, algorithm, version, clockGiven
+
+-- FORMAT is the first format byte of the algorithm's states (see below).
+local FORMAT
+
+-- blob is the packed bandwidths of a versioned cfg, as a state keeps them:
+-- the request's, or those adopted from the state. callerCfg and
+-- callerCount keep the request's config once adopt has replaced it.
+local blob, callerCfg, callerCount
+
+-- begin sets the call's state from keys[1], the bucket's key, and args[1],
+-- the request, and reads the server's clock unless the request gives one.
+local function begin(keys, args)
+  byte, rep = string.byte, string.rep
+  key, arg = keys[1], args[1]
+  count = byte(arg, 35)
+  cfg = {struct.unpack(requestFormat(count), arg)}
+  fp, op, tokens, maxWait, strategy, now, algorithm = cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[8]
+  version = cfg[8 * count + 9]
+  blob, callerCfg, callerCount = nil, nil, nil
+  FORMAT = 16 * (algorithm + 1)
+  clockGiven = now >= 0
+  if not clockGiven then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2] -- Lua converts the strings
+  end
 end
 
 -- The scripts that keep a bucket in a string share its layout (the tests
@@ -68,7 +115,7 @@ end
 -- A state built for a versioned config (version above 0) has VERSIONED
 -- added to its first byte, and after the bandwidths: I7 version, I2 length
 -- and the config's bandwidths as the request packs them (see adopt).
-local FORMAT, FORMATS_END, VERSIONED = 16 * (algorithm + 1), 112, 128
+local FORMATS_END, VERSIONED = 112, 128
 
 -- PAIRS[w] is struct's format for an unsigned and a signed integer of w
 -- bytes, spelled out: building it from w would format w with sprintf.
@@ -78,30 +125,59 @@ local PAIRS = {'I1i1', 'I2i2', 'I3i3', 'I4i4', 'I5i5', 'I6i6', 'I7i7'}
 -- and bandwidth j's field F is old[5 * j + F].
 local OLD_U1, OLD_S1, OLD_U2, OLD_S2, OLD_ID = -1, 0, 1, 2, 3
 
+-- A library keeps the struct formats of the states it decodes and encodes,
+-- by a number made of their width bytes and whether they are versioned
+-- (versioned · 256^n + the width bytes, the first lowest: width bytes are
+-- never 0, so keys of different counts differ), so that a call
+-- on a state of a shape seen before builds no format. Formats of more
+-- than SHAPED bandwidths, whose width bytes would not fit the number, are
+-- built every time, and at most SHAPES formats are kept: garbage states
+-- cannot grow the caches without bound.
+local SHAPED, SHAPES = 6, 1024
+local decodeFormats, encodeFormats, shapes = {}, {}, 0
+
+-- keep stores format in cache at key, if the caches have room.
+local function keep(cache, key, format)
+  if key and shapes < SHAPES then
+    cache[key], shapes = format, shapes + 1
+  end
+end
+
 -- decodeState returns the bandwidth count, fingerprint, expiry, fields,
 -- version and config of the state in v, or nothing if v is not shaped
 -- like a state.
 local function decodeState(v)
   local head = byte(v, 1)
   local n = head % 16 + 1
-  -- From the fingerprint on: it, the expiry, the width bytes skipped, then
-  -- each bandwidth.
-  local format = '<c8I7x'
-  if n > 1 then
-    format = format .. rep('x', n - 1)
-  end
-  for j = 1, n do
+  local versioned = head >= VERSIONED
+  -- The width bytes, checked, and the key they make.
+  local key = versioned and 1 or 0
+  for j = n, 1, -1 do
     local w = byte(v, 16 + j) or 0
     local w2 = w % 16
     local w1 = (w - w2) / 16
     if w1 < 1 or w1 > 7 or w2 < 1 or w2 > 7 then
       return
     end
-    format = format .. PAIRS[w1] .. PAIRS[w2] .. 'Bc0'
+    key = key * 256 + w
   end
-  local versioned = head >= VERSIONED
-  if versioned then
-    format = format .. 'I7I2c0'
+  if n > SHAPED then
+    key = nil
+  end
+  local format = key and decodeFormats[key]
+  if not format then
+    -- From the fingerprint on: it, the expiry, the width bytes skipped,
+    -- then each bandwidth.
+    format = '<c8I7x' .. rep('x', n - 1)
+    for j = 1, n do
+      local w = byte(v, 16 + j)
+      local w2 = w % 16
+      format = format .. PAIRS[(w - w2) / 16] .. PAIRS[w2] .. 'Bc0'
+    end
+    if versioned then
+      format = format .. 'I7I2c0'
+    end
+    keep(decodeFormats, key, format)
   end
   local old = {pcall(struct.unpack, format, v, 2)}
   local last = #old
@@ -131,48 +207,61 @@ local function width(u, s)
   return w
 end
 
--- blob is the packed bandwidths of a versioned cfg, as a state keeps them:
--- the request's, or those adopted from the state.
-local blob
-
 -- bands returns blob, cut from the request when not yet adopted.
 local function bands()
   if not blob then
-    blob = string.sub(ARGV[1], 37, -9)
+    blob = string.sub(arg, 37, -9)
   end
   return blob
 end
+
+-- packed is the pairs an algorithm hands encodeState, and fields what
+-- encodeState hands struct.pack: tables of the library's, which every call
+-- fills as far as it reads them.
+local packed, fields = {}, {}
 
 -- encodeState packs the state of cfg's bandwidths to expire at exp, where
 -- bandwidth i's pairs are (p[4i-3], p[4i-2]) and (p[4i-1], p[4i]); nil if a
 -- field is out of range.
 local function encodeState(p, exp)
-  local format = '<Bc8I7B'
-  if count > 1 then
-    format = format .. rep('B', count - 1)
-  end
+  local versioned = version > 0
   local head = FORMAT + count - 1
-  if version > 0 then
+  if versioned then
     head = head + VERSIONED
   end
-  -- Sized for one bandwidth; more grow it.
-  local fields = {head, fp, exp, 0, 0, 0, 0, 0, 0, 0}
-  for i = 1, count do
+  fields[1], fields[2], fields[3] = head, fp, exp
+  local key = versioned and 1 or 0
+  for i = count, 1, -1 do
     local u1, s1, u2, s2 = p[4 * i - 3], p[4 * i - 2], p[4 * i - 1], p[4 * i]
     local w1, w2 = width(u1, s1), width(u2, s2)
     if w1 > 7 or w2 > 7 or u1 < 0 or u2 < 0 then
       return nil -- only a corrupt state read earlier gets here
     end
-    fields[3 + i] = 16 * w1 + w2
-    format = format .. PAIRS[w1] .. PAIRS[w2] .. 'Bc0'
+    local w = 16 * w1 + w2
+    fields[3 + i], key = w, key * 256 + w
     local at, id = 3 + count + 6 * (i - 1), cfg[8 * i + ID]
     fields[at + 1], fields[at + 2], fields[at + 3], fields[at + 4], fields[at + 5], fields[at + 6] =
       u1, s1, u2, s2, #id, id
   end
+  if count > SHAPED then
+    key = nil
+  end
+  local format = key and encodeFormats[key]
+  if not format then
+    format = '<Bc8I7B' .. rep('B', count - 1)
+    for i = 1, count do
+      local w = fields[3 + i]
+      local w2 = w % 16
+      format = format .. PAIRS[(w - w2) / 16] .. PAIRS[w2] .. 'Bc0'
+    end
+    if versioned then
+      format = format .. 'I7I2c0'
+    end
+    keep(encodeFormats, key, format)
+  end
   local last = 3 + 7 * count
-  if version > 0 then
+  if versioned then
     local b = bands()
-    format = format .. 'I7I2c0'
     fields[last + 1], fields[last + 2], fields[last + 3] = version, #b, b
     last = last + 3
   end
@@ -180,18 +269,16 @@ local function encodeState(p, exp)
 end
 
 local function corrupt()
-  return redis.error_reply('sluice: corrupt state at key ' .. KEYS[1])
+  return redis.error_reply('sluice: corrupt state at key ' .. key)
 end
 
 local function notSluice()
-  return redis.error_reply('sluice: key ' .. KEYS[1] .. ' holds a value sluice did not write')
+  return redis.error_reply('sluice: key ' .. key .. ' holds a value sluice did not write')
 end
 
 -- Forward-only versions: a call whose config is older than the live
 -- bucket's is decided on the bucket's config, as ratelimit.Apply says
--- (ratelimit/version.go). callerCfg and callerCount keep the request's
--- config once adopt has replaced it.
-local callerCfg, callerCount
+-- (ratelimit/version.go).
 
 -- staleDenial is the reply to a stale call that the bucket's config
 -- cannot decide: denied for StaleRetry, taking nothing.
@@ -205,7 +292,7 @@ end
 -- request's op, tokens, wait and strategy. It returns false if that config
 -- cannot take the request (more tokens than its smallest capacity).
 local function adopt(n, b, v, f)
-  local adopted = {struct.unpack(HEADER .. rep(BAND, n), string.sub(ARGV[1], 1, 36) .. b)}
+  local adopted = {struct.unpack(HEADER .. rep(BAND, n), string.sub(arg, 1, 36) .. b)}
   if op == CONSUME or op == ESTIMATE or op == RESERVE then
     for i = 1, n do
       if tokens > adopted[8 * i + CAP] then
@@ -305,10 +392,10 @@ end
 -- built for a later version than the request's has its config adopted.
 local function readState()
   -- pcall: a sliding log's key holds a sorted set, and GET on it fails.
-  local v = redis.pcall('GET', KEYS[1])
+  local v = redis.pcall('GET', key)
   if type(v) == 'table' then
-    if string.find(v.err, '^WRONGTYPE') and redis.call('TYPE', KEYS[1]).ok == 'zset' then
-      local head = redis.call('ZRANGE', KEYS[1], 0, 1, 'WITHSCORES')
+    if string.find(v.err, '^WRONGTYPE') and redis.call('TYPE', key).ok == 'zset' then
+      local head = redis.call('ZRANGE', key, 0, 1, 'WITHSCORES')
       if not slidingLog(head) then
         return nil, notSluice()
       elseif logIsNewer(head) then
@@ -354,14 +441,14 @@ end
 -- than its expiry on that clock; the expiry in the state still decides.
 local function store(v, expiry, kept)
   if expiry <= now then
-    redis.call('DEL', KEYS[1])
+    redis.call('DEL', key)
   elseif clockGiven then
     local ms = expiry - now
-    redis.call('SET', KEYS[1], v, 'PX', (ms + -ms % 1000) / 1000 + GRACE)
+    redis.call('SET', key, v, 'PX', (ms + -ms % 1000) / 1000 + GRACE)
   elseif kept and expiry <= kept + -kept % 1000000 then
-    redis.call('SET', KEYS[1], v, 'KEEPTTL')
+    redis.call('SET', key, v, 'KEEPTTL')
   else
-    redis.call('SET', KEYS[1], v, 'PXAT', (expiry + -expiry % 1000000) / 1000)
+    redis.call('SET', key, v, 'PXAT', (expiry + -expiry % 1000000) / 1000)
   end
 end
 

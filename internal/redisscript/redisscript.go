@@ -7,15 +7,29 @@
 //
 // # The scripts
 //
-// Each algorithm's script is [ratelimit.Apply] for that algorithm in Lua,
+// Each algorithm's file is [ratelimit.Apply] for that algorithm in Lua,
 // after prelude.lua, which they share: the request's layout, the clock, the
 // string layout of a stored state, reading and storing it with its TTL, and
-// the inheritance rules. One call is one EVALSHA on one key: it reads the
-// state, applies the request on the server's clock (TIME, in microseconds)
-// or on the time the caller passes, writes the state back, or deletes it
-// when it already equals a new bucket's, and returns the decision. The key
-// expires at the end of the second in which the state comes to equal a new
-// bucket's.
+// the inheritance rules. One call is one FCALL (or, see below, one
+// EVALSHA) on one key: it reads the state, applies the request on the
+// server's clock (TIME, in microseconds) or on the time the caller passes,
+// writes the state back, or deletes it when it already equals a new
+// bucket's, and returns the decision. The key expires at the end of the
+// second in which the state comes to equal a new bucket's.
+//
+// # Functions and scripts
+//
+// The files are put together two ways, from the same Lua. [Functions] is a
+// Redis Functions library (Redis 7.0 and later) holding a function per
+// algorithm: FUNCTION LOAD runs the prelude and every file once, and each
+// FCALL runs only the decision, so the prelude's helpers, tables and
+// struct formats (and the token bucket's and GCRA's helpers) are made once
+// per server instead of on every call.
+// Its name and its functions' names carry a hash of the Lua source, so two
+// versions of sluice on one server or cluster each keep their own library
+// and never replace the other's. [Runner] loads the library on a server
+// that lacks it, on first use, and falls back to [Scripts], one script per
+// algorithm run by EVALSHA, once a server refuses Redis Functions.
 //
 // The token bucket, GCRA, the fixed window and the sliding window counter
 // keep a string of a few dozen bytes (26 for a token bucket of one
@@ -34,12 +48,14 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// A Script is one of the Lua scripts.
+// A Script is one of the Lua scripts, each algorithm's decision on its own
+// for EVALSHA, which a backend runs where the server refuses [Functions].
 type Script struct {
 	// Name is the script's file name without .lua.
 	Name string
-	// Source is the Lua source. KEYS[1] is the bucket's key (see [Key]);
-	// ARGV[1] is a request packed by [NewCall]. The reply is decoded by
+	// Source is the Lua source: prelude.lua, the algorithm's file, and a
+	// call of its run. KEYS[1] is the bucket's key (see [Key]); ARGV[1] is
+	// a request packed by [NewCall]. The reply is decoded by
 	// [Call.Decision].
 	Source string
 }
@@ -59,19 +75,30 @@ var (
 	slidingCounter string
 )
 
-// Scripts are the scripts, one per algorithm but for LeakyBucket, which is
-// GCRA in its continuous-state form and runs GCRA's. Each is prelude.lua,
-// what they share, followed by the algorithm's file. [Call.Script] indexes
-// it; a backend loads them all.
-var Scripts = []Script{
-	{"tokenbucket", prelude + tokenBucket},
-	{"gcra", prelude + gcra},
-	{"fixedwindow", prelude + fixedWindow},
-	{"slidinglog", prelude + slidingLog},
-	{"slidingcounter", prelude + slidingCounter},
+// algorithms are the algorithms' files, one per algorithm but for
+// LeakyBucket, which is GCRA in its continuous-state form and runs GCRA's.
+// Each defines its decision as the Lua function run, after prelude.lua.
+var algorithms = []Script{
+	{"tokenbucket", tokenBucket},
+	{"gcra", gcra},
+	{"fixedwindow", fixedWindow},
+	{"slidinglog", slidingLog},
+	{"slidingcounter", slidingCounter},
 }
 
-// scriptFor maps each algorithm to its script in Scripts.
+// Scripts are the scripts, one per entry of algorithms: prelude.lua, the
+// algorithm's file, then begin and run on KEYS and ARGV. [Call.Script]
+// indexes it.
+var Scripts = func() []Script {
+	s := make([]Script, len(algorithms))
+	for i, a := range algorithms {
+		s[i] = Script{a.Name, prelude + a.Source + "\nbegin(KEYS, ARGV)\nreturn run()\n"}
+	}
+	return s
+}()
+
+// scriptFor maps each algorithm to its script in Scripts, and to its
+// function in [Functions].
 var scriptFor = [...]int{
 	ratelimit.TokenBucket:          0,
 	ratelimit.GCRA:                 1,

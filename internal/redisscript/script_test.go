@@ -42,6 +42,16 @@ var scripts = func() []*redis.Script {
 	return s
 }()
 
+// loadFunctions loads redisscript.Functions on c's server, unless a test
+// sharing the server has.
+func loadFunctions(t *testing.T, c *redis.Client) {
+	t.Helper()
+	err := c.FunctionLoad(context.Background(), redisscript.Functions.Source).Err()
+	if err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+}
+
 // A stateCheck compares what an algorithm's script stored with Apply's
 // state: read queues the command that fetches the key's value, and check
 // compares its result with state at now, which has not expired.
@@ -101,7 +111,8 @@ type step struct {
 // ratelimit.Apply and the algorithm's script on a real server (on the
 // caller's clock). Every decision must be equal, and after every step the
 // stored value must match Apply's state, with a TTL to match its expiry,
-// or the key be gone once the state equals a new bucket's.
+// or the key be gone once the state equals a new bucket's. Even seeds
+// run the scripts (EVALSHA), odd ones the library's functions (FCALL).
 func TestScriptMatchesApply(t *testing.T) {
 	c := newClient(t)
 	ctx := context.Background()
@@ -110,6 +121,7 @@ func TestScriptMatchesApply(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	loadFunctions(t, c)
 	for alg, check := range stateChecks {
 		t.Run(alg.String(), func(t *testing.T) {
 			t.Parallel()
@@ -149,7 +161,11 @@ func matchApply(t *testing.T, c *redis.Client, alg ratelimit.Algorithm, check st
 				t.Fatalf("seed %d: generated a bad call: %v", seed, err)
 			}
 			s.call = redisscript.NewCall("", key, s.cfg, s.req, now)
-			s.run = scripts[s.call.Script].EvalSha(ctx, pipe, []string{s.call.Key}, s.call.Arg)
+			if seed%2 == 0 {
+				s.run = scripts[s.call.Script].EvalSha(ctx, pipe, []string{s.call.Key}, s.call.Arg)
+			} else {
+				s.run = pipe.FCall(ctx, redisscript.Functions.Functions[s.call.Script], []string{s.call.Key}, s.call.Arg)
+			}
 			s.ttl = pipe.PTTL(ctx, s.call.Key)
 			s.exists = pipe.Exists(ctx, s.call.Key)
 			s.stored = check.read(ctx, pipe, s.call.Key)

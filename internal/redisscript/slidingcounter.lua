@@ -1,5 +1,5 @@
--- sluice sliding window counter: one atomic decision on the bucket at
--- KEYS[1].
+-- sluice sliding window counter: run is one atomic decision on the call's
+-- bucket.
 --
 -- This is applyCounter (ratelimit/slidingcounter.go) written in Lua; the
 -- two must agree to the microsecond, and the tests of internal/redisscript
@@ -19,167 +19,167 @@ local MAX_CLOCK = 2 ^ 52
 
 local OLD_CUR, OLD_PREV, OLD_PERIOD, OLD_BACK = OLD_U1, OLD_S1, OLD_U2, OLD_S2
 
--- Apply, as in ratelimit/slidingcounter.go.
-
-local raw, n, oldFp, exp, old = readState()
-if raw == nil then
-  return n -- the error
-end
-if raw then
-  for j = 1, n do
-    local o = 5 * j
-    local prev, w = old[o + OLD_PREV], old[o + OLD_PERIOD]
-    local stamp = exp - old[o + OLD_BACK]
-    if old[o + OLD_CUR] > MAX_COUNT or prev < 0 or prev > MAX_COUNT or w < 1 or w > MAX_PERIOD or
-      stamp < 0 or stamp >= MAX_CLOCK or stamp % w ~= 0 then
-      return corrupt()
-    end
+-- run is applyCounter, as in ratelimit/slidingcounter.go.
+local function run()
+  local raw, n, oldFp, exp, old = readState()
+  if raw == nil then
+    return n -- the error
   end
-end
-
--- cur[i], prev[i] and stamp[i] are bandwidth i's state, built for cfg.
-local cur, prev, stamp = {}, {}, {}
-if not raw or op == RESET or now >= exp then
-  for i = 1, count do
-    local w = cfg[8 * i + PERIOD]
-    cur[i], prev[i], stamp[i] = 0, 0, now - now % w
-  end
-elseif op == REPLACE or oldFp ~= fp or n ~= count then
-  -- A config change: a matched bandwidth keeps its counts as of now,
-  -- rolled on its old period; only the current one if the period changed.
-  for i = 1, count do
-    local c = 8 * i
-    local w, cap = cfg[c + PERIOD], cfg[c + CAP]
-    cur[i], prev[i], stamp[i] = 0, 0, now - now % w
-    local j = match(i, old, n)
-    if strategy ~= RESET_TOKENS and j then
+  if raw then
+    for j = 1, n do
       local o = 5 * j
-      local x, p, ow = old[o + OLD_CUR], old[o + OLD_PREV], old[o + OLD_PERIOD]
-      local s = exp - old[o + OLD_BACK]
-      if now >= s + 2 * ow then
-        x, p, s = 0, 0, now - now % ow
-      elseif now >= s + ow then
-        x, p, s = 0, x, now - now % ow
-      end
-      if x > cap then
-        x = cap
-      end
-      cur[i] = x
-      if ow == w then
-        if p > cap then
-          p = cap
-        end
-        prev[i], stamp[i] = p, s
+      local prev, w = old[o + OLD_PREV], old[o + OLD_PERIOD]
+      local stamp = exp - old[o + OLD_BACK]
+      if old[o + OLD_CUR] > MAX_COUNT or prev < 0 or prev > MAX_COUNT or w < 1 or w > MAX_PERIOD or
+        stamp < 0 or stamp >= MAX_CLOCK or stamp % w ~= 0 then
+        return corrupt()
       end
     end
   end
-else
-  for i = 1, count do
-    local o, c = 5 * i, 8 * i
-    local x, p, cap = old[o + OLD_CUR], old[o + OLD_PREV], cfg[c + CAP]
-    if old[o + OLD_PERIOD] ~= cfg[c + PERIOD] or x > cap or p > cap or old[o + OLD_ID] ~= cfg[c + ID] then
-      return corrupt()
+
+  -- cur[i], prev[i] and stamp[i] are bandwidth i's state, built for cfg.
+  local cur, prev, stamp = {}, {}, {}
+  if not raw or op == RESET or now >= exp then
+    for i = 1, count do
+      local w = cfg[8 * i + PERIOD]
+      cur[i], prev[i], stamp[i] = 0, 0, now - now % w
     end
-    cur[i], prev[i], stamp[i] = x, p, exp - old[o + OLD_BACK]
-  end
-end
-
--- Roll each bandwidth to the window that holds now.
-for i = 1, count do
-  local w, s = cfg[8 * i + PERIOD], stamp[i]
-  if now >= s + w then
-    if now >= s + 2 * w then
-      prev[i] = 0
-    else
-      prev[i] = cur[i]
-    end
-    cur[i], stamp[i] = 0, now - now % w
-  end
-end
-
--- room is how many requests bandwidth i admits now. Both products are at
--- most capacity × period, within 2^53; so is their difference, and it is
--- floored only when positive.
-local function room(i)
-  local c = 8 * i
-  local w = cfg[c + PERIOD]
-  local e = now - stamp[i]
-  if e < 0 then
-    e = 0
-  end
-  local x = (cfg[c + CAP] - cur[i]) * w - prev[i] * (w - e)
-  if x <= 0 then
-    return 0
-  end
-  return (x - x % w) / w
-end
-
--- waitFor is the µs until every bandwidth admits t requests (t at most
--- the smallest capacity), and the bandwidth that takes longest.
-local function waitFor(t)
-  local wait, slowest = 0, 1
-  for i = 1, count do
-    if t > room(i) then
+  elseif op == REPLACE or oldFp ~= fp or n ~= count then
+    -- A config change: a matched bandwidth keeps its counts as of now,
+    -- rolled on its old period; only the current one if the period changed.
+    for i = 1, count do
       local c = 8 * i
       local w, cap = cfg[c + PERIOD], cfg[c + CAP]
-      local due
-      if cur[i] + t <= cap then
-        local a = (cap - cur[i] - t) * w
-        due = stamp[i] + w - (a - a % prev[i]) / prev[i]
-      else
-        local a = (cap - t) * w
-        due = stamp[i] + 2 * w - (a - a % cur[i]) / cur[i]
-      end
-      if due - now > wait then
-        wait, slowest = due - now, i
+      cur[i], prev[i], stamp[i] = 0, 0, now - now % w
+      local j = match(i, old, n)
+      if strategy ~= RESET_TOKENS and j then
+        local o = 5 * j
+        local x, p, ow = old[o + OLD_CUR], old[o + OLD_PREV], old[o + OLD_PERIOD]
+        local s = exp - old[o + OLD_BACK]
+        if now >= s + 2 * ow then
+          x, p, s = 0, 0, now - now % ow
+        elseif now >= s + ow then
+          x, p, s = 0, x, now - now % ow
+        end
+        if x > cap then
+          x = cap
+        end
+        cur[i] = x
+        if ow == w then
+          if p > cap then
+            p = cap
+          end
+          prev[i], stamp[i] = p, s
+        end
       end
     end
+  else
+    for i = 1, count do
+      local o, c = 5 * i, 8 * i
+      local x, p, cap = old[o + OLD_CUR], old[o + OLD_PREV], cfg[c + CAP]
+      if old[o + OLD_PERIOD] ~= cfg[c + PERIOD] or x > cap or p > cap or old[o + OLD_ID] ~= cfg[c + ID] then
+        return corrupt()
+      end
+      cur[i], prev[i], stamp[i] = x, p, exp - old[o + OLD_BACK]
+    end
   end
-  return wait, slowest
-end
 
-local function take(t)
+  -- Roll each bandwidth to the window that holds now.
   for i = 1, count do
-    cur[i] = cur[i] + t
+    local w, s = cfg[8 * i + PERIOD], stamp[i]
+    if now >= s + w then
+      if now >= s + 2 * w then
+        prev[i] = 0
+      else
+        prev[i] = cur[i]
+      end
+      cur[i], stamp[i] = 0, now - now % w
+    end
   end
-end
 
-local allowed, consumed, retry, binding = 1, 0, 0, 0
-if op == ADD then
-  refund(cur, tokens)
-elseif op ~= RESET and op ~= REPLACE then
-  allowed, consumed, retry, binding = decide(waitFor, room, take)
-end
-
--- Settle: the binding bandwidth, and the expiry: when every count has
--- rolled out.
-local left
-binding, left = bindingOf(allowed, binding, room)
-local expiry = now
-for i = 1, count do
-  local at = 0
-  if cur[i] > 0 then
-    at = stamp[i] + 2 * cfg[8 * i + PERIOD]
-  elseif prev[i] > 0 then
-    at = stamp[i] + cfg[8 * i + PERIOD]
+  -- room is how many requests bandwidth i admits now. Both products are at
+  -- most capacity × period, within 2^53; so is their difference, and it is
+  -- floored only when positive.
+  local function room(i)
+    local c = 8 * i
+    local w = cfg[c + PERIOD]
+    local e = now - stamp[i]
+    if e < 0 then
+      e = 0
+    end
+    local x = (cfg[c + CAP] - cur[i]) * w - prev[i] * (w - e)
+    if x <= 0 then
+      return 0
+    end
+    return (x - x % w) / w
   end
-  if at > expiry then
-    expiry = at
-  end
-end
 
-if expiry > now then
-  local packed = {}
+  -- waitFor is the µs until every bandwidth admits t requests (t at most
+  -- the smallest capacity), and the bandwidth that takes longest.
+  local function waitFor(t)
+    local wait, slowest = 0, 1
+    for i = 1, count do
+      if t > room(i) then
+        local c = 8 * i
+        local w, cap = cfg[c + PERIOD], cfg[c + CAP]
+        local due
+        if cur[i] + t <= cap then
+          local a = (cap - cur[i] - t) * w
+          due = stamp[i] + w - (a - a % prev[i]) / prev[i]
+        else
+          local a = (cap - t) * w
+          due = stamp[i] + 2 * w - (a - a % cur[i]) / cur[i]
+        end
+        if due - now > wait then
+          wait, slowest = due - now, i
+        end
+      end
+    end
+    return wait, slowest
+  end
+
+  local function take(t)
+    for i = 1, count do
+      cur[i] = cur[i] + t
+    end
+  end
+
+  local allowed, consumed, retry, binding = 1, 0, 0, 0
+  if op == ADD then
+    refund(cur, tokens)
+  elseif op ~= RESET and op ~= REPLACE then
+    allowed, consumed, retry, binding = decide(waitFor, room, take)
+  end
+
+  -- Settle: the binding bandwidth, and the expiry: when every count has
+  -- rolled out.
+  local left
+  binding, left = bindingOf(allowed, binding, room)
+  local expiry = now
   for i = 1, count do
-    packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
-      cur[i], prev[i], cfg[8 * i + PERIOD], expiry - stamp[i]
+    local at = 0
+    if cur[i] > 0 then
+      at = stamp[i] + 2 * cfg[8 * i + PERIOD]
+    elseif prev[i] > 0 then
+      at = stamp[i] + cfg[8 * i + PERIOD]
+    end
+    if at > expiry then
+      expiry = at
+    end
   end
-  local v = encodeState(packed, expiry)
-  if v == nil then
-    return corrupt()
+
+  if expiry > now then
+    for i = 1, count do
+      packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
+        cur[i], prev[i], cfg[8 * i + PERIOD], expiry - stamp[i]
+    end
+    local v = encodeState(packed, expiry)
+    if v == nil then
+      return corrupt()
+    end
+    store(v, expiry, raw and exp)
+  else
+    store(nil, expiry)
   end
-  store(v, expiry, raw and exp)
-else
-  store(nil, expiry)
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}
 end
-return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}

@@ -1,6 +1,6 @@
--- sluice token bucket: one atomic decision on the bucket at KEYS[1].
+-- sluice token bucket: run is one atomic decision on the call's bucket.
 --
--- This is ratelimit.Apply (ratelimit/tokenbucket.go) written in Lua; the two
+-- This is ratelimit's applyBucket (ratelimit/tokenbucket.go) in Lua; the two
 -- must agree to the microsecond and the scaled unit, and the tests of
 -- internal/redisscript compare them state for state. Read Apply's comments
 -- for the why of each rule; the comments here are about Lua.
@@ -60,85 +60,10 @@ end
 
 local OLD_CAP, OLD_TOKENS, OLD_FRACTION, OLD_BACK = OLD_U1, OLD_S1, OLD_U2, OLD_S2
 
--- Apply, as in ratelimit/tokenbucket.go.
-
-local raw, n, oldFp, exp, old = readState()
-if raw == nil then
-  return n -- the error
-end
-if raw then
-  for j = 1, n do
-    local cap, tokens = old[5 * j + OLD_CAP], old[5 * j + OLD_TOKENS]
-    if cap < 1 or cap > 2 ^ 50 or tokens > cap or tokens < -MAX_SCALED or old[5 * j + OLD_FRACTION] >= MAX_SCALED then
-      return corrupt()
-    end
-  end
-end
-
--- level[i] and stamp[i] are bandwidth i's state, built for cfg.
+-- level[i] and stamp[i] are bandwidth i's state during a call, built for
+-- cfg: every call sets them for its bandwidths before it reads them, so a
+-- library's calls share the two tables.
 local level, stamp = {}, {}
-if not raw or op == RESET or now >= exp then
-  for i = 1, count do
-    level[i], stamp[i] = cfg[8 * i + INITIAL] * cfg[8 * i + SCALE], periodStart(i, now)
-  end
-elseif op == REPLACE or oldFp ~= fp or n ~= count then
-  -- A config change.
-  for i = 1, count do
-    local c = 8 * i
-    local scale = cfg[c + SCALE]
-    level[i], stamp[i] = cfg[c + INITIAL] * scale, periodStart(i, now)
-    local j = match(i, old, n)
-    if strategy ~= RESET_TOKENS and j then
-      local o = 5 * j
-      local t = inherit(old[o + OLD_TOKENS], old[o + OLD_CAP], cfg[c + CAP])
-      local least = minLevel(i)
-      least = (least + -least % scale) / scale
-      if t < least then
-        t = least
-      end
-      level[i] = t * scale
-      stamp[i] = periodStart(i, exp - old[o + OLD_BACK])
-    end
-  end
-else
-  for i = 1, count do
-    local o, cap, scale = 5 * i, cfg[8 * i + CAP], cfg[8 * i + SCALE]
-    local fraction = old[o + OLD_FRACTION]
-    local l = old[o + OLD_TOKENS] * scale + fraction
-    if old[o + OLD_CAP] ~= cap or fraction >= scale or l > cap * scale or l < -MAX_SCALED then
-      return corrupt()
-    end
-    level[i], stamp[i] = l, exp - old[o + OLD_BACK]
-  end
-end
-
--- Refill.
-for i = 1, count do
-  local c = 8 * i
-  local f = cfg[c + CAP] * cfg[c + SCALE]
-  local elapsed = now - stamp[i]
-  if elapsed > 0 then
-    if level[i] >= f then
-      stamp[i] = periodStart(i, now)
-    elseif cfg[c + KIND] == GREEDY then
-      if elapsed * cfg[c + RATE] >= f - level[i] then
-        level[i] = f
-      else
-        level[i] = level[i] + elapsed * cfg[c + RATE]
-      end
-      stamp[i] = now
-    else
-      local period, rate, short = cfg[c + PERIOD], cfg[c + RATE], f - level[i]
-      local periods = (elapsed - elapsed % period) / period
-      if periods >= (short + -short % rate) / rate then
-        level[i], stamp[i] = f, periodStart(i, now)
-      elseif periods > 0 then
-        level[i] = level[i] + periods * rate
-        stamp[i] = stamp[i] + periods * period
-      end
-    end
-  end
-end
 
 -- waitFor is the µs until every bandwidth holds t tokens, and the
 -- bandwidth that takes longest.
@@ -178,67 +103,145 @@ local function lend(t)
   return true
 end
 
-local allowed, consumed, retry, binding = 1, 0, 0, 0
-if op ~= ADD and op ~= RESET and op ~= REPLACE then
-  allowed, consumed, retry, binding = decide(waitFor, room, take, lend)
-elseif op == ADD then
-  for i = 1, count do
-    local scale = cfg[8 * i + SCALE]
-    local f = cfg[8 * i + CAP] * scale
-    local short = f - level[i]
-    local t = (short + -short % scale) / scale
-    if tokens < t then
-      t = tokens
-    end
-    level[i] = level[i] + t * scale
-    if level[i] > f then
-      level[i] = f
-    end
-    if level[i] == f and now > stamp[i] then
-      stamp[i] = periodStart(i, now)
+-- run is applyBucket, as in ratelimit/tokenbucket.go.
+local function run()
+  local raw, n, oldFp, exp, old = readState()
+  if raw == nil then
+    return n -- the error
+  end
+  if raw then
+    for j = 1, n do
+      local cap, tokens = old[5 * j + OLD_CAP], old[5 * j + OLD_TOKENS]
+      if cap < 1 or cap > 2 ^ 50 or tokens > cap or tokens < -MAX_SCALED or old[5 * j + OLD_FRACTION] >= MAX_SCALED then
+        return corrupt()
+      end
     end
   end
-end
 
--- Settle: the binding bandwidth, the time to full, and the expiry.
-local left
-binding, left = bindingOf(allowed, binding, room)
-local resetAfter = 0
-for i = 1, count do
-  local w = timeTo(i, level[i], stamp[i], cfg[8 * i + CAP] * cfg[8 * i + SCALE])
-  if w > resetAfter then
-    resetAfter = w
-  end
-end
-local warmup = 0
-for i = 1, count do
-  local c = 8 * i
-  if cfg[c + INITIAL] ~= cfg[c + CAP] then
-    local w = timeTo(i, cfg[c + INITIAL] * cfg[c + SCALE], periodStart(i, now), cfg[c + CAP] * cfg[c + SCALE])
-    if w > warmup then
-      warmup = w
+  if not raw or op == RESET or now >= exp then
+    for i = 1, count do
+      level[i], stamp[i] = cfg[8 * i + INITIAL] * cfg[8 * i + SCALE], periodStart(i, now)
+    end
+  elseif op == REPLACE or oldFp ~= fp or n ~= count then
+    -- A config change.
+    for i = 1, count do
+      local c = 8 * i
+      local scale = cfg[c + SCALE]
+      level[i], stamp[i] = cfg[c + INITIAL] * scale, periodStart(i, now)
+      local j = match(i, old, n)
+      if strategy ~= RESET_TOKENS and j then
+        local o = 5 * j
+        local t = inherit(old[o + OLD_TOKENS], old[o + OLD_CAP], cfg[c + CAP])
+        local least = minLevel(i)
+        least = (least + -least % scale) / scale
+        if t < least then
+          t = least
+        end
+        level[i] = t * scale
+        stamp[i] = periodStart(i, exp - old[o + OLD_BACK])
+      end
+    end
+  else
+    for i = 1, count do
+      local o, cap, scale = 5 * i, cfg[8 * i + CAP], cfg[8 * i + SCALE]
+      local fraction = old[o + OLD_FRACTION]
+      local l = old[o + OLD_TOKENS] * scale + fraction
+      if old[o + OLD_CAP] ~= cap or fraction >= scale or l > cap * scale or l < -MAX_SCALED then
+        return corrupt()
+      end
+      level[i], stamp[i] = l, exp - old[o + OLD_BACK]
     end
   end
-end
 
-local expiry = now + resetAfter + warmup
-if expiry > now then
-  -- The stored pairs: capacity and whole tokens, fraction and the distance
-  -- from the stamp to the expiry.
-  local packed = {}
+  -- Refill.
   for i = 1, count do
     local c = 8 * i
-    local scale = cfg[c + SCALE]
-    local fraction = level[i] % scale
-    packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
-      cfg[c + CAP], (level[i] - fraction) / scale, fraction, expiry - stamp[i]
+    local f = cfg[c + CAP] * cfg[c + SCALE]
+    local elapsed = now - stamp[i]
+    if elapsed > 0 then
+      if level[i] >= f then
+        stamp[i] = periodStart(i, now)
+      elseif cfg[c + KIND] == GREEDY then
+        if elapsed * cfg[c + RATE] >= f - level[i] then
+          level[i] = f
+        else
+          level[i] = level[i] + elapsed * cfg[c + RATE]
+        end
+        stamp[i] = now
+      else
+        local period, rate, short = cfg[c + PERIOD], cfg[c + RATE], f - level[i]
+        local periods = (elapsed - elapsed % period) / period
+        if periods >= (short + -short % rate) / rate then
+          level[i], stamp[i] = f, periodStart(i, now)
+        elseif periods > 0 then
+          level[i] = level[i] + periods * rate
+          stamp[i] = stamp[i] + periods * period
+        end
+      end
+    end
   end
-  local v = encodeState(packed, expiry)
-  if v == nil then
-    return corrupt()
+
+  local allowed, consumed, retry, binding = 1, 0, 0, 0
+  if op ~= ADD and op ~= RESET and op ~= REPLACE then
+    allowed, consumed, retry, binding = decide(waitFor, room, take, lend)
+  elseif op == ADD then
+    for i = 1, count do
+      local scale = cfg[8 * i + SCALE]
+      local f = cfg[8 * i + CAP] * scale
+      local short = f - level[i]
+      local t = (short + -short % scale) / scale
+      if tokens < t then
+        t = tokens
+      end
+      level[i] = level[i] + t * scale
+      if level[i] > f then
+        level[i] = f
+      end
+      if level[i] == f and now > stamp[i] then
+        stamp[i] = periodStart(i, now)
+      end
+    end
   end
-  store(v, expiry, raw and exp)
-else
-  store(nil, expiry)
+
+  -- Settle: the binding bandwidth, the time to full, and the expiry.
+  local left
+  binding, left = bindingOf(allowed, binding, room)
+  local resetAfter = 0
+  for i = 1, count do
+    local w = timeTo(i, level[i], stamp[i], cfg[8 * i + CAP] * cfg[8 * i + SCALE])
+    if w > resetAfter then
+      resetAfter = w
+    end
+  end
+  local warmup = 0
+  for i = 1, count do
+    local c = 8 * i
+    if cfg[c + INITIAL] ~= cfg[c + CAP] then
+      local w = timeTo(i, cfg[c + INITIAL] * cfg[c + SCALE], periodStart(i, now), cfg[c + CAP] * cfg[c + SCALE])
+      if w > warmup then
+        warmup = w
+      end
+    end
+  end
+
+  local expiry = now + resetAfter + warmup
+  if expiry > now then
+    -- The stored pairs: capacity and whole tokens, fraction and the distance
+    -- from the stamp to the expiry.
+    for i = 1, count do
+      local c = 8 * i
+      local scale = cfg[c + SCALE]
+      local fraction = level[i] % scale
+      packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
+        cfg[c + CAP], (level[i] - fraction) / scale, fraction, expiry - stamp[i]
+    end
+    local v = encodeState(packed, expiry)
+    if v == nil then
+      return corrupt()
+    end
+    store(v, expiry, raw and exp)
+  else
+    store(nil, expiry)
+  end
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, bandOut(binding)}
 end
-return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, bandOut(binding)}

@@ -12,12 +12,11 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-var scriptSHA = redis.NewScript(redisscript.Scripts[0].Source).Hash()
-
-// testScriptCache: the server forgets scripts on SCRIPT FLUSH, restart and
-// failover; the next decision sends the script again (NOSCRIPT, then EVAL)
-// and goes on with the bucket as it was. A restarted server without
-// persistence has lost the buckets too, and starts them afresh.
+// testScriptCache: the server forgets the library when it is deleted (or
+// on a restart without persistence); the next decision loads it again
+// ("Function not found", then FUNCTION LOAD and FCALL) and goes on with
+// the bucket as it was. A restarted server without persistence has lost
+// the buckets too, and starts them afresh.
 func testScriptCache(t *testing.T, a Adapter) {
 	ctx := context.Background()
 	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(10)}}
@@ -32,12 +31,12 @@ func testScriptCache(t *testing.T, a Adapter) {
 			expectRemaining(t, l, key, cfg, want)
 		}
 		c := raw(t, top)
-		if err := c.ScriptFlush(ctx).Err(); err != nil {
+		if err := c.FunctionDelete(ctx, redisscript.Functions.Name).Err(); err != nil {
 			t.Fatal(err)
 		}
 		expectRemaining(t, l, key, cfg, 6)
-		if ok, err := c.ScriptExists(ctx, scriptSHA).Result(); err != nil || !ok[0] {
-			t.Fatalf("SCRIPT EXISTS after the decision: %v, %v; want the script cached again", ok, err)
+		if libs, err := c.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: redisscript.Functions.Name}).Result(); err != nil || len(libs) != 1 {
+			t.Fatalf("FUNCTION LIST after the decision: %v, %v; want the library loaded again", libs, err)
 		}
 		expectRemaining(t, l, key, cfg, 5)
 	})
