@@ -79,6 +79,10 @@ bench-redis: ## sluice's Redis backends vs redis_rate on one redis-server, six r
 bench-peers: ## sluice vs its peers in memory and on one redis-server (decisions/s, p50/p99/p99.9 at 1-256 goroutines, bytes per key, the pipelined ceiling): writes docs/benchmarks.md and its plots (about 5 min)
 	PEERS_COMMAND='make bench-peers' sh benchmarks/peers.sh bench/peers
 
+.PHONY: bench-script-cost
+bench-script-cost: ## instructions redis-server runs per decision (sluice 1/2 greedy bandwidths, token bucket and GCRA, vs redis_rate) under callgrind, into bench/scriptcost/ (about a minute)
+	sh benchmarks/scriptcost.sh bench/scriptcost
+
 .PHONY: bench-burst
 bench-burst: ## healthy decision latency under a burst (2 processes × 100 calls), idle and beside a CPU burner, into benchmarks/results/ (about 5 min)
 	sh benchmarks/burst.sh

@@ -11,9 +11,11 @@
 // their -P replies, again and again for -duration.
 //
 // The calls are the ones the limiter sends. A go-redis hook records the
-// EVALSHA of one untimed decision on each key (sluice over go-redis, or
-// github.com/go-redis/redis_rate/v10), and those bytes are replayed; both
-// scripts read the server's clock, so a replayed call is a fresh decision.
+// call of one untimed decision on each key (sluice over go-redis: an FCALL
+// of its library's function, or an EVALSHA on a server without Redis
+// Functions; github.com/go-redis/redis_rate/v10: an EVALSHA), and those
+// bytes are replayed; both read the server's clock, so a replayed call is a
+// fresh decision.
 // The untimed decisions also store every key, as in BenchmarkRedis, and
 // every reply is checked to be an allowed decision.
 //
@@ -23,8 +25,9 @@
 //
 // It prints one line in the Go benchmark format, for benchstat:
 // requests/s, and per call the server's CPU time (server-µs/op, from INFO
-// cpu) and the time inside the script (script-µs/op, from INFO
-// commandstats; it leaves out reading, parsing and replying). With
+// cpu) and the time inside the script or function (script-µs/op, from
+// INFO commandstats, EVALSHA's and FCALL's; it leaves out reading, parsing
+// and replying). With
 // -print-command it prints instead the command of one decision on the user
 // key ceiling:__rand_int__, for redis-benchmark -r (redis_rate only: its
 // arguments are text).
@@ -122,7 +125,7 @@ func run(ctx context.Context, f flags) error {
 		keysLabel(f.keys), f.impl, n,
 		float64(elapsed.Nanoseconds())/float64(n), float64(n)/elapsed.Seconds(),
 		micros(after.cpu-before.cpu)/float64(n),
-		float64(after.evalshaUsec-before.evalshaUsec)/float64(after.evalshaCalls-before.evalshaCalls))
+		float64(after.scriptUsec-before.scriptUsec)/float64(after.scriptCalls-before.scriptCalls))
 	return nil
 }
 
@@ -161,8 +164,10 @@ func allowed(key string, ok bool, err error) error {
 }
 
 // recorder is a go-redis hook that keeps the arguments of the last EVALSHA
-// the client sent. The limiters send EVAL with the script's source only
-// after an EVALSHA failed with NOSCRIPT, with the same keys and arguments.
+// or FCALL the client sent. The limiters send EVAL with the script's
+// source only after an EVALSHA failed with NOSCRIPT, and FUNCTION LOAD
+// only after an FCALL failed for want of the function, and then the same
+// call again.
 type recorder struct {
 	mu   sync.Mutex
 	last []any
@@ -172,7 +177,7 @@ func (r *recorder) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (r *recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "evalsha" {
+		if name := cmd.Name(); name == "evalsha" || name == "fcall" {
 			r.mu.Lock()
 			r.last = append([]any(nil), cmd.Args()...)
 			r.mu.Unlock()
@@ -185,8 +190,9 @@ func (r *recorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 
-// decide makes one decision on key and returns the EVALSHA it sent:
-// "evalsha", the SHA, the key count (1), the Redis key, the arguments.
+// decide makes one decision on key and returns the call it sent:
+// "evalsha" and the SHA, or "fcall" and the function, then the key count
+// (1), the Redis key, the arguments.
 func (r *recorder) decide(ctx context.Context, allow func(context.Context, string) error, key string) ([]any, error) {
 	r.mu.Lock()
 	r.last = nil
@@ -197,13 +203,13 @@ func (r *recorder) decide(ctx context.Context, allow func(context.Context, strin
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.last) < 4 {
-		return nil, fmt.Errorf("decision on %q sent no EVALSHA with a key", key)
+		return nil, fmt.Errorf("decision on %q sent no EVALSHA or FCALL with a key", key)
 	}
 	return r.last, nil
 }
 
 // record makes one decision on each of n keys and returns each one's
-// EVALSHA encoded in RESP, and the Redis keys.
+// call encoded in RESP, and the Redis keys.
 func record(ctx context.Context, allow func(context.Context, string) error, rec *recorder, n int) (calls [][]byte, redisKeys []string, err error) {
 	for i := range n {
 		args, err := rec.decide(ctx, allow, "ceiling:"+strconv.Itoa(i))
@@ -243,7 +249,7 @@ func appendCommand(b []byte, args []any) ([]byte, error) {
 	return b, nil
 }
 
-// printCommand prints the EVALSHA of one decision on the user key
+// printCommand prints the call of one decision on the user key
 // ceiling:__rand_int__ as words for redis-benchmark's command line.
 func printCommand(ctx context.Context, rdb *redis.Client, allow func(context.Context, string) error, rec *recorder) error {
 	args, err := rec.decide(ctx, allow, "ceiling:__rand_int__")
@@ -381,12 +387,12 @@ func readLine(r *bufio.Reader) (string, error) {
 
 // stats are the server's counters a run is measured by.
 type stats struct {
-	cpu                       time.Duration
-	evalshaCalls, evalshaUsec int64
+	cpu                     time.Duration
+	scriptCalls, scriptUsec int64
 }
 
 // readStats reads the server's CPU time (INFO cpu: user and system, all its
-// threads) and EVALSHA's counters (INFO commandstats).
+// threads) and the counters of EVALSHA and FCALL (INFO commandstats).
 func readStats(ctx context.Context, rdb *redis.Client) (stats, error) {
 	info, err := rdb.Info(ctx, "cpu", "commandstats").Result()
 	if err != nil {
@@ -405,17 +411,20 @@ func readStats(ctx context.Context, rdb *redis.Client) (stats, error) {
 				return stats{}, fmt.Errorf("INFO cpu %s: %v", line, err)
 			}
 			s.cpu += time.Duration(secs * float64(time.Second))
-		case "cmdstat_evalsha":
+		case "cmdstat_evalsha", "cmdstat_fcall":
 			for field := range strings.SplitSeq(value, ",") {
 				k, v, _ := strings.Cut(field, "=")
-				switch k {
-				case "calls":
-					s.evalshaCalls, err = strconv.ParseInt(v, 10, 64)
-				case "usec":
-					s.evalshaUsec, err = strconv.ParseInt(v, 10, 64)
+				if k != "calls" && k != "usec" {
+					continue
 				}
+				n, err := strconv.ParseInt(v, 10, 64)
 				if err != nil {
 					return stats{}, fmt.Errorf("INFO commandstats %s: %v", line, err)
+				}
+				if k == "calls" {
+					s.scriptCalls += n
+				} else {
+					s.scriptUsec += n
 				}
 			}
 		}
