@@ -27,17 +27,13 @@ src=${SCRIPTCOST_DIR:-$root}
 cd "$root"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+# The server runs under callgrind (callgrind's pid is the server's:
+# valgrind runs it in-process), and answers some fifty times slower.
 tmp=$(mktemp -d)
-pid=
-cleanup() {
-	if [ -n "$pid" ]; then
-		kill "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+server_prefix="valgrind --tool=callgrind --callgrind-out-file=$tmp/callgrind.out --log-file=$tmp/valgrind.log"
+server_tries=300
+# shellcheck source=benchmarks/server.sh
+. "$root/benchmarks/server.sh"
 
 {
 	date -u '+%Y-%m-%dT%H:%M:%SZ'
@@ -51,41 +47,6 @@ trap 'exit 130' INT TERM
 } >"$out/env.txt"
 
 (cd "$src/benchmarks" && go build -o "$tmp/scriptcost" ./cmd/scriptcost)
-
-# start_server starts redis-server under callgrind on a random port and
-# waits until it answers with its own pid (another server may hold the
-# port). Callgrind's pid is the server's: valgrind runs it in-process.
-start_server() {
-	port=$(($(od -An -N2 -tu2 /dev/urandom) % 20000 + 20000))
-	valgrind --tool=callgrind --callgrind-out-file="$tmp/callgrind.out" \
-		redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-		--daemonize no --dir "$tmp" --logfile "$out/redis-server.log" 2>"$tmp/valgrind.log" &
-	pid=$!
-	tries=0
-	while [ "$tries" -lt 300 ]; do
-		if ! kill -0 "$pid" 2>/dev/null; then
-			wait "$pid" || true
-			pid=
-			return 1
-		fi
-		if redis-cli -p "$port" INFO server 2>/dev/null | grep -q "^process_id:$pid"; then
-			return 0
-		fi
-		tries=$((tries + 1))
-		sleep 0.1
-	done
-	echo "scriptcost.sh: redis-server on port $port did not answer" >&2
-	exit 1
-}
-attempt=0
-until start_server; do
-	attempt=$((attempt + 1))
-	if [ "$attempt" -ge 5 ]; then
-		echo "scriptcost.sh: could not start redis-server under callgrind; see $tmp/valgrind.log" >&2
-		exit 1
-	fi
-done
-echo "redis-server 127.0.0.1:$port under callgrind (pid $pid)" >&2
 
 "$tmp/scriptcost" -addr "127.0.0.1:$port" -pid "$pid" -out "$tmp/callgrind.out" -n "$n" -keys "$keys" |
 	tee "$out/scriptcost.txt"

@@ -2,8 +2,12 @@
 # redis-server a run uses (no persistence, a free port of 127.0.0.1, killed
 # on exit), exports its address as SLUICE_REDIS_ADDR, and samples the load
 # into $out/load.log. The sourcing script sets out (an absolute directory)
-# before sourcing it, and gets tmp, pid and port.
-tmp=$(mktemp -d)
+# before sourcing it, and gets tmp, pid and port. It may also set tmp (a
+# directory of its own, which is removed on exit like the one made here),
+# server_prefix (a command to run redis-server under, as scriptcost.sh runs
+# it under callgrind) and server_tries (how many tenths of a second to
+# wait for the server to answer; 100 unless set).
+tmp=${tmp:-$(mktemp -d)}
 pid=
 sampler=
 cleanup() {
@@ -24,11 +28,12 @@ trap 'exit 130' INT TERM
 # another server on it, so the answer must carry this server's pid.
 start_server() {
 	port=$(($(od -An -N2 -tu2 /dev/urandom) % 20000 + 20000))
-	redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+	# shellcheck disable=SC2086 # the prefix is a command and its arguments
+	${server_prefix:-} redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
 		--daemonize no --dir "$tmp" --logfile "$out/redis-server.log" &
 	pid=$!
 	tries=0
-	while [ "$tries" -lt 100 ]; do
+	while [ "$tries" -lt "${server_tries:-100}" ]; do
 		if ! kill -0 "$pid" 2>/dev/null; then
 			wait "$pid" || true
 			pid=
