@@ -2,9 +2,10 @@
 // (backend/redis over go-redis, backend/rueidis over rueidis) run against
 // real servers: the conformance suite on a standalone server and on a
 // 3-master cluster, on a stepped clock and on the server's, plus what only
-// Redis has: exact admission from two clients at once, the script cache
-// lost to SCRIPT FLUSH and restarts, TTLs, hash tags, client and server
-// failures, and Check.
+// Redis has: exact admission from two clients at once, the library lost
+// and loaded again, another version's library left alone, a server that
+// refuses Redis Functions (scripts instead), TTLs, hash tags, client and
+// server failures, and Check.
 //
 // Each backend's test calls [Run] with an [Adapter]; the adapters differ
 // only in how they build a client. [LowLatency] checks each backend's
@@ -55,6 +56,7 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("Exact", func(t *testing.T) { testExact(t, a, tops) })
 	t.Run("Sentinel", func(t *testing.T) { testSentinel(t, a) })
 	t.Run("ScriptCache", func(t *testing.T) { testScriptCache(t, a) })
+	t.Run("Functions", func(t *testing.T) { testFunctions(t, a) })
 	t.Run("Keys", func(t *testing.T) { testKeys(t, a, tops) })
 	t.Run("Failures", func(t *testing.T) { testFailures(t, a) })
 	t.Run("Check", func(t *testing.T) { testCheck(t, a) })
