@@ -140,7 +140,7 @@ local function run()
     end
   end
 
-  if dirty and expiry > now then
+  if dirty then
     for i = 1, count do
       local h = hits[i]
       local back = 0
@@ -149,9 +149,10 @@ local function run()
       end
       packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] = back, h, 0, 0
     end
-    store(encodeState(packed, expiry), expiry, raw and exp)
-  elseif dirty then
-    store(nil, expiry)
+    local err = store(packed, expiry, raw and exp)
+    if err then
+      return err
+    end
   end
   return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}
 end

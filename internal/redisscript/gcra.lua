@@ -220,17 +220,12 @@ local function run()
   end
 
   local expiry = now + resetAfter + warmup
-  if expiry > now then
-    for i = 1, count do
-      packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] = frac[i], expiry - tat[i], 0, 0
-    end
-    local v = encodeState(packed, expiry)
-    if v == nil then
-      return corrupt()
-    end
-    store(v, expiry, raw and exp)
-  else
-    store(nil, expiry)
+  for i = 1, count do
+    packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] = frac[i], expiry - tat[i], 0, 0
+  end
+  local err = store(packed, expiry, raw and exp)
+  if err then
+    return err
   end
   return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, bandOut(binding)}
 end

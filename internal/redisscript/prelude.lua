@@ -427,10 +427,11 @@ local function readState()
   return false -- another algorithm's: start afresh
 end
 
--- store writes the state v (from encodeState) to expire at expiry, or
--- deletes the key when the state already equals a new bucket's (expiry at
--- or before now). kept is the expiry of the state read, if this
--- algorithm's state was there.
+-- store writes the state packed (as encodeState takes it) to expire at
+-- expiry, or deletes the key when the state already equals a new bucket's
+-- (expiry at or before now; packed is then not read). kept is the expiry
+-- of the state read, if this algorithm's state was there. It returns the
+-- reply for a state that does not encode (see corrupt), or nothing.
 --
 -- On the server's clock the key expires (PXAT) at the end of the whole
 -- second in which the state comes to equal a new bucket's. Keys so linger
@@ -439,10 +440,16 @@ end
 -- which costs Redis half as much as setting one. A caller's clock need not
 -- keep pace with the server's, so with one the key lives a minute longer
 -- than its expiry on that clock; the expiry in the state still decides.
-local function store(v, expiry, kept)
+local function store(packed, expiry, kept)
   if expiry <= now then
     redis.call('DEL', key)
-  elseif clockGiven then
+    return
+  end
+  local v = encodeState(packed, expiry)
+  if v == nil then
+    return corrupt()
+  end
+  if clockGiven then
     local ms = expiry - now
     redis.call('SET', key, v, 'PX', (ms + -ms % 1000) / 1000 + GRACE)
   elseif kept and expiry <= kept + -kept % 1000000 then

@@ -168,18 +168,13 @@ local function run()
     end
   end
 
-  if expiry > now then
-    for i = 1, count do
-      packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
-        cur[i], prev[i], cfg[8 * i + PERIOD], expiry - stamp[i]
-    end
-    local v = encodeState(packed, expiry)
-    if v == nil then
-      return corrupt()
-    end
-    store(v, expiry, raw and exp)
-  else
-    store(nil, expiry)
+  for i = 1, count do
+    packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
+      cur[i], prev[i], cfg[8 * i + PERIOD], expiry - stamp[i]
+  end
+  local err = store(packed, expiry, raw and exp)
+  if err then
+    return err
   end
   return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}
 end

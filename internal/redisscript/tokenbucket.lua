@@ -225,23 +225,18 @@ local function run()
   end
 
   local expiry = now + resetAfter + warmup
-  if expiry > now then
-    -- The stored pairs: capacity and whole tokens, fraction and the distance
-    -- from the stamp to the expiry.
-    for i = 1, count do
-      local c = 8 * i
-      local scale = cfg[c + SCALE]
-      local fraction = level[i] % scale
-      packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
-        cfg[c + CAP], (level[i] - fraction) / scale, fraction, expiry - stamp[i]
-    end
-    local v = encodeState(packed, expiry)
-    if v == nil then
-      return corrupt()
-    end
-    store(v, expiry, raw and exp)
-  else
-    store(nil, expiry)
+  -- The stored pairs: capacity and whole tokens, fraction and the distance
+  -- from the stamp to the expiry.
+  for i = 1, count do
+    local c = 8 * i
+    local scale = cfg[c + SCALE]
+    local fraction = level[i] % scale
+    packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
+      cfg[c + CAP], (level[i] - fraction) / scale, fraction, expiry - stamp[i]
+  end
+  local err = store(packed, expiry, raw and exp)
+  if err then
+    return err
   end
   return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, bandOut(binding)}
 end
