@@ -32,10 +32,11 @@
 // algorithm run by EVALSHA, once a server refuses Redis Functions.
 //
 // The token bucket, GCRA, the fixed window and the sliding window counter
-// keep a string of a few dozen bytes (26 for a token bucket of one
-// bandwidth of 10 or 100 a second): a format byte (which also tells the
-// algorithm), the config's 8-byte fingerprint, the expiry in µs, then per
-// bandwidth two pairs of integers in as few bytes as they need, and its ID.
+// keep a string of a few dozen bytes (24 for a token bucket of one
+// bandwidth of 100 a second after one request, 26 of 10 a second): a
+// format byte (which also tells the algorithm), the config's 8-byte
+// fingerprint, the expiry in µs, then per bandwidth two pairs of integers
+// in as few bytes as they need, and its ID.
 // Keeping what a config change needs lets the script convert the bucket
 // when the config's fingerprint changes, with no second round trip. The
 // sliding log keeps a sorted set of request times. prelude.lua and each
