@@ -22,6 +22,45 @@ local LATEST = 2 ^ 52 + 2 ^ 45
 
 local OLD_BACK, OLD_HITS = OLD_U1, OLD_S1
 
+-- hits[i] and ends[i] are bandwidth i's count and window end, which run
+-- builds on every call, and dirty whether the value or its TTL must be
+-- written: the library's, made once, as the helpers below are.
+local hits, ends, dirty = {}, {}, false
+
+-- take counts t requests in every bandwidth, opening the windows of those
+-- that have none.
+local function take(t)
+  for i = 1, count do
+    if hits[i] == 0 then
+      local c = 8 * i
+      local start, period = now, cfg[c + PERIOD]
+      if cfg[c + KIND] == ALIGNED then
+        start = now - (now - cfg[c + START]) % period
+      end
+      ends[i] = start + period
+    end
+    hits[i] = hits[i] + t
+  end
+  dirty = true
+end
+
+-- waitFor is the µs until every bandwidth has room for t more requests, and
+-- the bandwidth that takes longest; a bandwidth without room has a window.
+local function waitFor(t)
+  local wait, slowest = 0, 1
+  for i = 1, count do
+    if hits[i] + t > cfg[8 * i + CAP] and ends[i] - now > wait then
+      wait, slowest = ends[i] - now, i
+    end
+  end
+  return wait, slowest
+end
+
+-- room is the requests bandwidth i has left in its window.
+local function room(i)
+  return cfg[8 * i + CAP] - hits[i]
+end
+
 -- run is applyFixedWindow.
 local function run()
   local raw, n, oldFp, exp, old = readState()
@@ -32,9 +71,7 @@ local function run()
     return corrupt()
   end
 
-  local hits, ends = {}, {}
-  -- dirty: whether the value or its TTL must be written.
-  local dirty = clockGiven
+  dirty = clockGiven
   if not raw or op == RESET or now >= exp then
     dirty = true
     for i = 1, count do
@@ -86,40 +123,6 @@ local function run()
         end
       end
     end
-  end
-
-  -- take counts t requests in every bandwidth, opening the windows of those
-  -- that have none.
-  local function take(t)
-    for i = 1, count do
-      if hits[i] == 0 then
-        local c = 8 * i
-        local start, period = now, cfg[c + PERIOD]
-        if cfg[c + KIND] == ALIGNED then
-          start = now - (now - cfg[c + START]) % period
-        end
-        ends[i] = start + period
-      end
-      hits[i] = hits[i] + t
-    end
-    dirty = true
-  end
-
-  -- waitFor is the µs until every bandwidth has room for t more requests, and
-  -- the bandwidth that takes longest; a bandwidth without room has a window.
-  local function waitFor(t)
-    local wait, slowest = 0, 1
-    for i = 1, count do
-      if hits[i] + t > cfg[8 * i + CAP] and ends[i] - now > wait then
-        wait, slowest = ends[i] - now, i
-      end
-    end
-    return wait, slowest
-  end
-
-  -- room is the requests bandwidth i has left in its window.
-  local function room(i)
-    return cfg[8 * i + CAP] - hits[i]
   end
 
   local allowed, consumed, retry, binding = 1, 0, 0, 0

@@ -33,9 +33,10 @@
 -- Lua or C, costs about ten times an arithmetic operation, and a table,
 -- string or closure made costs a few thousand instructions. Hence:
 --
---   - data lives in a handful of flat arrays indexed by bandwidth, and the
---     token bucket's and GCRA's helpers are defined outside run, so that a
---     library makes them once, not per call;
+--   - data lives in a handful of flat arrays indexed by bandwidth, and
+--     every algorithm's helpers but the sliding log's (which close over
+--     its run's locals) are defined outside run, so that a library makes
+--     them once, not per call;
 --   - a request's struct format is built once per bandwidth count and kept;
 --   - floor(a/b), for b > 0, is written (a - a % b) / b and ceil(a/b) as
 --     (a + -a % b) / b: % is an operation, math.floor a call. Both are

@@ -23,8 +23,8 @@
 // Redis Functions library (Redis 7.0 and later) holding a function per
 // algorithm: FUNCTION LOAD runs the prelude and every file once, and each
 // FCALL runs only the decision, so the prelude's helpers, tables and
-// struct formats (and the token bucket's and GCRA's helpers) are made once
-// per server instead of on every call.
+// struct formats (and every algorithm's helpers but the sliding log's) are
+// made once per server instead of on every call.
 // Its name and its functions' names carry a hash of the Lua source, so two
 // versions of sluice on one server or cluster each keep their own library
 // and never replace the other's. [Runner] loads the library on a server

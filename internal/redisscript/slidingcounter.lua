@@ -19,6 +19,58 @@ local MAX_CLOCK = 2 ^ 52
 
 local OLD_CUR, OLD_PREV, OLD_PERIOD, OLD_BACK = OLD_U1, OLD_S1, OLD_U2, OLD_S2
 
+-- cur[i], prev[i] and stamp[i] are bandwidth i's state, which run builds
+-- for cfg on every call: tables of the library's, made once, as the
+-- helpers below are.
+local cur, prev, stamp = {}, {}, {}
+
+-- room is how many requests bandwidth i admits now. Both products are at
+-- most capacity × period, within 2^53; so is their difference, and it is
+-- floored only when positive.
+local function room(i)
+  local c = 8 * i
+  local w = cfg[c + PERIOD]
+  local e = now - stamp[i]
+  if e < 0 then
+    e = 0
+  end
+  local x = (cfg[c + CAP] - cur[i]) * w - prev[i] * (w - e)
+  if x <= 0 then
+    return 0
+  end
+  return (x - x % w) / w
+end
+
+-- waitFor is the µs until every bandwidth admits t requests (t at most
+-- the smallest capacity), and the bandwidth that takes longest.
+local function waitFor(t)
+  local wait, slowest = 0, 1
+  for i = 1, count do
+    if t > room(i) then
+      local c = 8 * i
+      local w, cap = cfg[c + PERIOD], cfg[c + CAP]
+      local due
+      if cur[i] + t <= cap then
+        local a = (cap - cur[i] - t) * w
+        due = stamp[i] + w - (a - a % prev[i]) / prev[i]
+      else
+        local a = (cap - t) * w
+        due = stamp[i] + 2 * w - (a - a % cur[i]) / cur[i]
+      end
+      if due - now > wait then
+        wait, slowest = due - now, i
+      end
+    end
+  end
+  return wait, slowest
+end
+
+local function take(t)
+  for i = 1, count do
+    cur[i] = cur[i] + t
+  end
+end
+
 -- run is applyCounter, as in ratelimit/slidingcounter.go.
 local function run()
   local raw, n, oldFp, exp, old = readState()
@@ -37,8 +89,6 @@ local function run()
     end
   end
 
-  -- cur[i], prev[i] and stamp[i] are bandwidth i's state, built for cfg.
-  local cur, prev, stamp = {}, {}, {}
   if not raw or op == RESET or now >= exp then
     for i = 1, count do
       local w = cfg[8 * i + PERIOD]
@@ -94,53 +144,6 @@ local function run()
         prev[i] = cur[i]
       end
       cur[i], stamp[i] = 0, now - now % w
-    end
-  end
-
-  -- room is how many requests bandwidth i admits now. Both products are at
-  -- most capacity × period, within 2^53; so is their difference, and it is
-  -- floored only when positive.
-  local function room(i)
-    local c = 8 * i
-    local w = cfg[c + PERIOD]
-    local e = now - stamp[i]
-    if e < 0 then
-      e = 0
-    end
-    local x = (cfg[c + CAP] - cur[i]) * w - prev[i] * (w - e)
-    if x <= 0 then
-      return 0
-    end
-    return (x - x % w) / w
-  end
-
-  -- waitFor is the µs until every bandwidth admits t requests (t at most
-  -- the smallest capacity), and the bandwidth that takes longest.
-  local function waitFor(t)
-    local wait, slowest = 0, 1
-    for i = 1, count do
-      if t > room(i) then
-        local c = 8 * i
-        local w, cap = cfg[c + PERIOD], cfg[c + CAP]
-        local due
-        if cur[i] + t <= cap then
-          local a = (cap - cur[i] - t) * w
-          due = stamp[i] + w - (a - a % prev[i]) / prev[i]
-        else
-          local a = (cap - t) * w
-          due = stamp[i] + 2 * w - (a - a % cur[i]) / cur[i]
-        end
-        if due - now > wait then
-          wait, slowest = due - now, i
-        end
-      end
-    end
-    return wait, slowest
-  end
-
-  local function take(t)
-    for i = 1, count do
-      cur[i] = cur[i] + t
     end
   end
 
