@@ -1,6 +1,7 @@
 // Command scriptcost counts the instructions redis-server executes for one
 // decision of each limiter, with callgrind: sluice's token bucket and GCRA
-// on one and on two greedy bandwidths, and
+// on one and on two greedy bandwidths, its fixed window and sliding window
+// counter on one, and
 // github.com/go-redis/redis_rate/v10, against a PING on the same
 // connection. benchmarks/scriptcost.sh starts the server under callgrind
 // and runs it.
@@ -129,6 +130,8 @@ func costCases(rdb *redis.Client) ([]costCase, error) {
 	one := benchmarks.RedisConfig().Bandwidths[0]
 	burst, hourly := one, ratelimit.Every(time.Hour, 1000).WithBurst(benchmarks.RedisBurst)
 	burst.ID, hourly.ID = "burst", "hourly"
+	// The windows count RedisBurst requests a period, which no run reaches.
+	window := ratelimit.Every(benchmarks.RedisRefillPeriod, benchmarks.RedisBurst)
 
 	rr, limit := redis_rate.NewLimiter(rdb), benchmarks.RedisRateLimit()
 	return []costCase{
@@ -152,6 +155,8 @@ func costCases(rdb *redis.Client) ([]costCase, error) {
 		sluice("sluice-tokenbucket-2", ratelimit.TokenBucket, burst, hourly),
 		sluice("sluice-gcra-1", ratelimit.GCRA, one),
 		sluice("sluice-gcra-2", ratelimit.GCRA, burst, hourly),
+		sluice("sluice-fixedwindow-1", ratelimit.FixedWindow, window),
+		sluice("sluice-slidingcounter-1", ratelimit.SlidingWindowCounter, window),
 	}, nil
 }
 
