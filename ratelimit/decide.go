@@ -7,8 +7,11 @@ import "time"
 // the one that takes longest; room(), the whole tokens every bandwidth can
 // give now; take(n), which takes n from every bandwidth; and lend(n),
 // whether n may be taken on credit (false for the algorithms that cannot
-// reserve). Each algorithm's file implements it on a small struct, passed
-// by pointer: nothing is copied or allocated per call.
+// reserve). Each algorithm's file implements it on a small struct, and
+// decide is generic over it: each algorithm gets its own copy of decide,
+// which calls the methods directly, with nothing allocated per call (an
+// interface value would escape to the heap, method values are built on
+// every call).
 type meter interface {
 	wait(n int64) (wait int64, slowest int)
 	room() int64

@@ -240,9 +240,11 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 		if err == nil {
 			err = b.runner.Loaded(c.FunctionLoad(ctx, redisscript.Functions.Source).Err())
 		}
-		for _, script := range scripts {
-			if err == nil && b.runner.EvalOnly() {
-				err = script.Load(ctx, c).Err()
+		if err == nil && b.runner.EvalOnly() {
+			for _, script := range scripts {
+				if err = script.Load(ctx, c).Err(); err != nil {
+					break
+				}
 			}
 		}
 		if err != nil {

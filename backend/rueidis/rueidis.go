@@ -191,9 +191,11 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 		if err == nil {
 			err = b.runner.Loaded(c.Do(ctx, c.B().FunctionLoad().FunctionCode(redisscript.Functions.Source).Build()).Error())
 		}
-		for _, script := range redisscript.Scripts {
-			if err == nil && b.runner.EvalOnly() {
-				err = c.Do(ctx, c.B().ScriptLoad().Script(script.Source).Build()).Error()
+		if err == nil && b.runner.EvalOnly() {
+			for _, script := range redisscript.Scripts {
+				if err = c.Do(ctx, c.B().ScriptLoad().Script(script.Source).Build()).Error(); err != nil {
+					break
+				}
 			}
 		}
 		if err != nil {
