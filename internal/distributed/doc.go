@@ -7,6 +7,7 @@
 // bucket), that a deliberately non-atomic limiter is caught, and that a
 // paused cluster master or a killed process admits nothing beyond the limit.
 //
-// It has no code of its own; run it with make test-distributed. The results
-// are in docs/correctness.md.
+// It has no code of its own: the runs, the counts and their bounds are
+// internal/harness's, which the sluice-verify command shares. Run it with
+// make test-distributed. The results are in docs/correctness.md.
 package distributed

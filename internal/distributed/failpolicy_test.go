@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/harness"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -26,7 +27,7 @@ import (
 
 // policyRun is the outcome of a run behind the Local mode.
 type policyRun struct {
-	calls               []testkit.Call
+	calls               []harness.Call
 	admitted, degraded  int
 	start, end          time.Time // the run's first call, and the Inspect after it (the instances and the server share the machine's clock)
 	tokens              float64   // τ: the store's tokens at end
@@ -38,7 +39,7 @@ type policyRun struct {
 // settled runs spec's instances behind the Local mode, each settling at
 // the end, with between run between the phases (nil: none), and reads the
 // store's tokens.
-func settledRun(t *testing.T, c client, spec testkit.InstanceSpec, between func(in *testkit.Instances, phase int)) policyRun {
+func settledRun(t *testing.T, c client, spec harness.Spec, between func(in *testkit.Instances, phase int)) policyRun {
 	t.Helper()
 	spec.LowLatency, spec.Settle = true, true
 	r := policyRun{instances: 2, attempts: spec.Attempts}
@@ -114,14 +115,14 @@ func TestPolicyBurst(t *testing.T) {
 			t.Run(backend+"/"+tc.name, func(t *testing.T) {
 				top := standalone(t)
 				c := newClient(t, top)
-				spec := testkit.InstanceSpec{
+				spec := harness.Spec{
 					Backend:    backend,
-					Addrs:      top.addrs,
+					Server:     top.server(),
 					Key:        newKey(t),
 					Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{noRefill(20)}},
 					Goroutines: 100,
 					Attempts:   100,
-					Policy:     &testkit.InstancePolicy{Mode: "Local", Timeout: tc.timeout, Instances: 2},
+					Policy:     &harness.Policy{Mode: "Local", Timeout: tc.timeout, Instances: 2},
 				}
 				r := settledRun(t, c, spec, nil)
 				const bound = 20 + 2*10
@@ -155,16 +156,16 @@ func TestPolicyPause(t *testing.T) {
 				during     = 250                   // 5s
 				after      = 175                   // 3.5s
 			)
-			spec := testkit.InstanceSpec{
+			spec := harness.Spec{
 				Backend:    backend,
-				Addrs:      top.addrs,
+				Server:     top.server(),
 				Key:        newKey(t),
 				Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(20)}},
 				Goroutines: goroutines,
 				Attempts:   before + during + after,
 				Pause:      pause,
-				Holds:      []testkit.Hold{{At: before}, {At: before + during}},
-				Policy:     &testkit.InstancePolicy{Mode: "Local", Instances: 2},
+				Holds:      []harness.Hold{{At: before}, {At: before + during}},
+				Policy:     &harness.Policy{Mode: "Local", Instances: 2},
 			}
 			var paused, resumed int64
 			r := settledRun(t, c, spec, func(_ *testkit.Instances, phase int) {
@@ -192,7 +193,7 @@ func TestPolicyPause(t *testing.T) {
 // disagreement is how far apart, after from, the instances' first
 // decisions by the store came; an instance with none counts from its last
 // call.
-func disagreement(calls []testkit.Call, from int64, instances int) time.Duration {
+func disagreement(calls []harness.Call, from int64, instances int) time.Duration {
 	first, last := map[int]int64{}, map[int]int64{}
 	for _, c := range calls {
 		if c.Start < from {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/harness"
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
@@ -34,7 +35,7 @@ var masterPaused = &fault{
 			master.Resume(t)
 		}
 	},
-	during: func(c testkit.Call, m marks) error {
+	during: func(c harness.Call, m marks) error {
 		if c.Err == "" && c.End < m.healing {
 			return fmt.Errorf("instance %d, attempt %d decided %v after the pause and before the resume: the master was not paused",
 				c.Instance, c.Attempt, time.Duration(c.End-m.struck))
@@ -57,7 +58,7 @@ var instanceKilled = &fault{
 		in.Kill(t, 0)
 		return func() {}
 	},
-	during: func(c testkit.Call, _ marks) error {
+	during: func(c harness.Call, _ marks) error {
 		switch {
 		case c.Instance == 0:
 			return fmt.Errorf("instance 0 started attempt %d after it was killed: the kill did not strike", c.Attempt)
@@ -123,7 +124,7 @@ func TestMissedFaultsAreCaught(t *testing.T) {
 	c := newClient(t, top)
 	for _, f := range []*fault{masterPaused, instanceKilled} {
 		t.Run(f.name, func(t *testing.T) {
-			r := faultAdmissionRun(top, testkit.BackendGoRedis, &fault{
+			r := faultAdmissionRun(top, harness.BackendGoRedis, &fault{
 				name:   f.name,
 				quiet:  f.quiet,
 				inject: func(*testing.T, client, run, string, *testkit.Instances) func() { return func() {} },

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
-	"github.com/sluicehq/sluice/internal/redisscript"
+	"github.com/sluicehq/sluice/internal/harness"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -47,6 +47,11 @@ func standalone(t *testing.T) topology {
 	return topology{addrs: []string{addr}}
 }
 
+// server is where top's Redis is, for a spec.
+func (top topology) server() harness.Server {
+	return harness.Server{Addrs: top.addrs, Cluster: top.cluster}
+}
+
 // cluster is a new 3-master cluster.
 func cluster(t *testing.T) topology {
 	c := testkit.StartCluster(t)
@@ -71,7 +76,7 @@ func onEachTopology(t *testing.T, body func(t *testing.T, top topology, c client
 	}
 }
 
-var adapters = []string{testkit.BackendGoRedis, testkit.BackendRueidis}
+var adapters = []string{harness.BackendGoRedis, harness.BackendRueidis}
 
 // noRefill is a token bucket that refills one token an hour: a thousandth
 // of a token within a run, so that it admits no more than its capacity.
@@ -92,11 +97,9 @@ type client struct {
 }
 
 func newClient(t *testing.T, top topology) client {
-	var c redis.UniversalClient
-	if top.cluster {
-		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: top.addrs, MaxRetries: -1, ContextTimeoutEnabled: true})
-	} else {
-		c = redis.NewClient(&redis.Options{Addr: top.addrs[0], MaxRetries: -1, ContextTimeoutEnabled: true})
+	c, err := harness.NewGoRedis(top.server())
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	b, err := redisbackend.New(c)
@@ -110,15 +113,11 @@ func newClient(t *testing.T, top topology) client {
 // itself on a standalone server, the key's master on a cluster.
 func (c client) node(ctx context.Context, t *testing.T, key string) *redis.Client {
 	t.Helper()
-	cc, ok := c.raw.(*redis.ClusterClient)
-	if !ok {
-		return c.raw.(*redis.Client)
-	}
-	master, err := cc.MasterForKey(ctx, redisscript.Key("", key))
+	n, err := harness.Node(ctx, c.raw, "", key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return master
+	return n
 }
 
 // serverTime reads the clock of the server that holds the bucket at key:
@@ -127,58 +126,11 @@ func (c client) serverTime(t *testing.T, key string) time.Time {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	now, err := c.node(ctx, t, key).Time(ctx).Result()
+	now, err := harness.ServerTime(ctx, c.raw, "", key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return now
-}
-
-// inspect returns the whole tokens left in the bucket.
-func (c client) inspect(t *testing.T, key string, cfg ratelimit.Config) int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	d, err := c.backend.Do(ctx, key, cfg, ratelimit.Request{Op: ratelimit.Inspect})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d.Remaining
-}
-
-// tally is what a run's calls add up to.
-type tally struct {
-	calls, admitted, denied, failed int
-	degraded                        int           // decided by a fail policy (counted by addCall only)
-	first, last                     int64         // the earliest start, the latest end, ns
-	longest                         time.Duration // of the calls that returned
-}
-
-func count(calls []testkit.Call) tally {
-	var n tally
-	for _, c := range calls {
-		if n.calls == 0 || c.Start < n.first {
-			n.first = c.Start
-		}
-		n.last = max(n.last, c.End)
-		if c.End != 0 {
-			n.longest = max(n.longest, time.Duration(c.End-c.Start))
-		}
-		n.calls++
-		switch {
-		case c.Err != "":
-			n.failed++
-		case c.Decision.Allowed:
-			n.admitted++
-		default:
-			n.denied++
-		}
-	}
-	return n
-}
-
-func (n tally) rate() float64 {
-	return float64(n.calls) / time.Duration(n.last-n.first).Seconds()
 }
 
 // run is one distributed run on a bucket of one bandwidth.
@@ -211,7 +163,7 @@ type fault struct {
 	inject func(t *testing.T, c client, r run, key string, in *testkit.Instances) (heal func())
 	// during returns an error if call c, which started while the fault
 	// was in place, shows that it was not.
-	during func(c testkit.Call, m marks) error
+	during func(c harness.Call, m marks) error
 }
 
 // marks are the times, in ns on the instances' clock, between a run's
@@ -223,34 +175,48 @@ type marks struct {
 }
 
 // execute starts r's instances on spec, releases them, and returns their
-// calls. before runs just before the release.
+// calls; see drive. before runs just before the release.
+func execute(t *testing.T, c client, r run, spec harness.Spec, before func()) ([]harness.Call, marks) {
+	t.Helper()
+	in := testkit.StartInstances(t, build.Bin(t), r.processes, r.withHolds(spec))
+	if before != nil {
+		before()
+	}
+	m := r.drive(t, c, spec.Key, in)
+	return in.Wait(t), m
+}
+
+// withHolds adds to spec the holds of r's fault, if it has one.
 //
 // A run with a fault has three phases, which no call can run past: each
 // instance holds once faultAfter/processes of its calls have started,
 // until the fault is in place; then makes faultCalls calls a goroutine
 // during the fault, and holds again until the fault is over; then makes
-// the rest. The marks say when the phases changed.
-func execute(t *testing.T, c client, r run, spec testkit.InstanceSpec, before func()) ([]testkit.Call, marks) {
-	t.Helper()
-	bin := build.Bin(t)
+// the rest.
+func (r run) withHolds(spec harness.Spec) harness.Spec {
 	if r.fault != nil {
 		at := r.faultAfter / r.processes
-		spec.Holds = []testkit.Hold{{At: at, Timeout: r.faultTimeout}, {At: at + r.faultCalls*r.goroutines}}
+		spec.Holds = []harness.Hold{{At: at, Timeout: r.faultTimeout}, {At: at + r.faultCalls*r.goroutines}}
 	}
-	in := testkit.StartInstances(t, bin, r.processes, spec)
-	if before != nil {
-		before()
-	}
+	return spec
+}
+
+// drive releases r's instances, on the bucket at key, and runs the phases
+// of its fault, if it has one: it strikes the fault once the instances
+// hold at the first hold, and heals it once they hold at the second. The
+// marks say when the phases changed.
+func (r run) drive(t *testing.T, c client, key string, in *testkit.Instances) marks {
+	t.Helper()
 	in.Go(t)
 	if r.fault == nil {
-		return in.Wait(t), marks{}
+		return marks{}
 	}
 	var m marks
 	in.WaitHeld(t)
 	if r.fault.quiet {
 		in.WaitIdle(t)
 	}
-	heal := r.fault.inject(t, c, r, spec.Key, in)
+	heal := r.fault.inject(t, c, r, key, in)
 	m.struck = time.Now().UnixNano()
 	in.Go(t)
 	in.WaitHeld(t)
@@ -258,14 +224,14 @@ func execute(t *testing.T, c client, r run, spec testkit.InstanceSpec, before fu
 	heal()
 	m.healed = time.Now().UnixNano()
 	in.Go(t)
-	return in.Wait(t), m
+	return m
 }
 
 // checkFault returns an error unless r's calls show its fault in place
 // from m.struck to m.healing (some started then, and none shows it was
 // not), and over from m.healed: some call started after, and every one of
 // them decided.
-func checkFault(r run, calls []testkit.Call, m marks) error {
+func checkFault(r run, calls []harness.Call, m marks) error {
 	during, after := m.split(calls)
 	var errs []error
 	for _, c := range during {
@@ -293,7 +259,7 @@ func checkFault(r run, calls []testkit.Call, m marks) error {
 
 // split returns the calls that started while the fault was in place, and
 // those that started once it was over.
-func (m marks) split(calls []testkit.Call) (during, after []testkit.Call) {
+func (m marks) split(calls []harness.Call) (during, after []harness.Call) {
 	for _, c := range calls {
 		switch {
 		case c.Start > m.healed:
@@ -305,11 +271,10 @@ func (m marks) split(calls []testkit.Call) (during, after []testkit.Call) {
 	return during, after
 }
 
-func (r run) spec(key string) testkit.InstanceSpec {
-	return testkit.InstanceSpec{
+func (r run) spec(key string) harness.Spec {
+	return harness.Spec{
 		Backend:    r.backend,
-		Addrs:      r.top.addrs,
-		Cluster:    r.top.cluster,
+		Server:     r.top.server(),
 		Key:        key,
 		Config:     ratelimit.Config{Algorithm: r.algorithm, Bandwidths: []ratelimit.Bandwidth{r.bandwidth}},
 		Goroutines: r.goroutines,

@@ -16,6 +16,7 @@ import (
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
+	"github.com/sluicehq/sluice/internal/harness"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/sharding"
@@ -44,7 +45,7 @@ func BenchmarkHotKey(b *testing.B) {
 	c := testkit.StartCluster(b)
 	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(1e6).WithBurst(1 << 40)}}
 	cpu := masterCPU(b, c.Addrs())
-	for _, client := range []string{testkit.BackendGoRedis, testkit.BackendRueidis} {
+	for _, client := range []string{harness.BackendGoRedis, harness.BackendRueidis} {
 		for _, goroutines := range []int{64, 256} {
 			store := clusterBackend(b, client, c.Addrs(), goroutines)
 			for _, split := range []string{"bare", "pass", "n3", "n6"} {
@@ -131,7 +132,7 @@ func benchHotKey(b *testing.B, backend ratelimit.Backend, key string, cfg rateli
 // long, so that a loaded machine slows the run rather than failing it.
 func clusterBackend(b *testing.B, client string, addrs []string, goroutines int) ratelimit.Backend {
 	switch client {
-	case testkit.BackendGoRedis:
+	case harness.BackendGoRedis:
 		c := redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: addrs, MaxRetries: -1, ContextTimeoutEnabled: true, PoolSize: goroutines,
 			ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second,

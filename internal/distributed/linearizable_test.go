@@ -1,6 +1,7 @@
 package distributed_test
 
 import (
+	"context"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -8,7 +9,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/harness"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -60,7 +61,7 @@ func linearizabilityRun(top topology, backend string) run {
 const checkTimeout = time.Minute
 
 // linearizable makes r's run with mixed ops and checks its history.
-func linearizable(t *testing.T, c client, r run, seed uint64) (porcupine.CheckResult, porcupine.LinearizationInfo, []testkit.Call, marks) {
+func linearizable(t *testing.T, c client, r run, seed uint64) (porcupine.CheckResult, porcupine.LinearizationInfo, []harness.Call, marks) {
 	t.Helper()
 	spec := r.spec(newKey(t))
 	requests, hist := mixedRequests, history
@@ -93,9 +94,9 @@ func checkLinearizable(t *testing.T, c client, r run) {
 	if res != porcupine.Ok {
 		t.Errorf("porcupine: %v; visualization in %s", res, visualize(r, info))
 	}
-	n := count(calls)
+	n := harness.Count(calls)
 	t.Logf("%d processes × %d goroutines, %d ops (%d allowed, %d denied, %d failed; the longest took %v): %v",
-		r.processes, r.goroutines, n.calls, n.admitted, n.denied, n.failed, n.longest.Round(time.Millisecond), res)
+		r.processes, r.goroutines, n.Calls, n.Admitted, n.Denied, n.Failed, n.Longest.Round(time.Millisecond), res)
 	if r.fault != nil {
 		logFault(t, r, calls, m)
 	}
@@ -122,7 +123,7 @@ func TestRacyIsCaught(t *testing.T) {
 	skipShort(t)
 	top := standalone(t)
 	c := newClient(t, top)
-	for _, r := range []run{linearizabilityRun(top, testkit.BackendRacy), refillRun(top, testkit.BackendRacy)} {
+	for _, r := range []run{linearizabilityRun(top, harness.BackendRacy), refillRun(top, harness.BackendRacy)} {
 		name := "Linearizable"
 		if r.refill {
 			name += "/Refill"
@@ -130,8 +131,8 @@ func TestRacyIsCaught(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			for seed := range uint64(3) {
 				res, _, calls, _ := linearizable(t, c, r, seed)
-				n := count(calls)
-				t.Logf("run %d: %d ops (%d allowed, %d denied): %v", seed, n.calls, n.admitted, n.denied, res)
+				n := harness.Count(calls)
+				t.Logf("run %d: %d ops (%d allowed, %d denied): %v", seed, n.Calls, n.Admitted, n.Denied, res)
 				if res == porcupine.Illegal {
 					return
 				}
@@ -140,15 +141,16 @@ func TestRacyIsCaught(t *testing.T) {
 		})
 	}
 	t.Run("Admission", func(t *testing.T) {
-		r := admissionRun(top, testkit.BackendRacy, noRefill(1000))
+		r := admissionRun(top, harness.BackendRacy, noRefill(1000))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
 		for range 3 {
-			spec := r.spec(newKey(t))
-			var t0 time.Time
-			calls, _ := execute(t, c, r, spec, func() { t0 = c.serverTime(t, spec.Key) })
-			n := count(calls)
-			// Remaining 0 is the most favourable reading of the racy bucket.
-			err := tokenBucketBounds(r.bandwidth, t0, c.serverTime(t, spec.Key)).check(n, 0)
-			t.Logf("%d calls: admitted %d: %v", n.calls, n.admitted, err)
+			res, err := harness.Measure(ctx, harness.Run{Program: harness.Program{Path: build.Bin(t)}, Processes: r.processes, Spec: r.spec(newKey(t))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = res.Check()
+			t.Logf("%d calls: admitted %d, remaining %d: %v", res.Tally.Calls, res.Tally.Admitted, res.Remaining, err)
 			if err != nil {
 				return
 			}

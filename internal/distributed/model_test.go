@@ -11,7 +11,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/sluicehq/sluice/backend/memory"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/harness"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/ratelimit/ratelimittest"
 )
@@ -91,7 +91,7 @@ func step(capacity, s int64, req ratelimit.Request) (int64, outcome) {
 // history turns the instances' calls into porcupine operations. A call that
 // failed may take effect at any time after it started, so it gets no
 // output and never returns.
-func history(spec testkit.InstanceSpec, calls []testkit.Call) ([]porcupine.Operation, error) {
+func history(spec harness.Spec, calls []harness.Call) ([]porcupine.Operation, error) {
 	ops := make([]porcupine.Operation, len(calls))
 	for i, c := range calls {
 		op := porcupine.Operation{
@@ -114,7 +114,7 @@ func history(spec testkit.InstanceSpec, calls []testkit.Call) ([]porcupine.Opera
 // refillModel: each call's input carries its start and end in µs, which
 // bound the server's clock when it was applied, since the server runs on
 // the same machine. Calls that failed cannot be modelled: an error.
-func timedHistory(spec testkit.InstanceSpec, calls []testkit.Call) ([]porcupine.Operation, error) {
+func timedHistory(spec harness.Spec, calls []harness.Call) ([]porcupine.Operation, error) {
 	ops := make([]porcupine.Operation, len(calls))
 	for i, c := range calls {
 		if c.Err != "" {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/harness"
 	"github.com/sluicehq/sluice/internal/redisscript"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -14,7 +15,7 @@ import (
 )
 
 // These runs split one hot key into sub-buckets with the sharding package
-// (testkit.InstanceSpec.Shard), on the 3-master cluster, and check what
+// (harness.Spec.Shard), on the 3-master cluster, and check what
 // docs/sharding.md states: the sub-buckets add up to the limit exactly, so
 // the key never admits more than C + r·T, and without refill it admits C
 // exactly once every sub-bucket has been drained.
@@ -85,17 +86,17 @@ func TestShardedConservation(t *testing.T) {
 				cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{noRefill(capacity)}}
 				view := shardedView(t, c, key, n)
 				subs := checkSpread(t, c, top, view, key)
-				spec := testkit.InstanceSpec{
-					Backend: backend, Addrs: top.addrs, Cluster: true, Key: key, Config: cfg,
-					Goroutines: 64, Attempts: 2500, Shard: &testkit.InstanceShard{N: n, Retries: sharding.DefaultRetries},
+				spec := harness.Spec{
+					Backend: backend, Server: top.server(), Key: key, Config: cfg,
+					Goroutines: 64, Attempts: 2500, Shard: &harness.Shard{N: n, Retries: sharding.DefaultRetries},
 				}
 				in := testkit.StartInstances(t, build.Bin(t), 2, spec)
 				in.Go(t)
-				tl := count(in.Wait(t))
+				tl := harness.Count(in.Wait(t))
 				d := inspectView(t, view, key, cfg)
-				t.Logf("%d calls, %d admitted, %d denied, %d failed; Inspect after: Remaining %d", tl.calls, tl.admitted, tl.denied, tl.failed, d.Remaining)
-				if tl.failed != 0 || tl.admitted != capacity || d.Remaining != 0 {
-					t.Errorf("admitted %d, %d failed, %d left; want exactly %d admitted, none failed, none left", tl.admitted, tl.failed, d.Remaining, capacity)
+				t.Logf("%d calls, %d admitted, %d denied, %d failed; Inspect after: Remaining %d", tl.Calls, tl.Admitted, tl.Denied, tl.Failed, d.Remaining)
+				if tl.Failed != 0 || tl.Admitted != capacity || d.Remaining != 0 {
+					t.Errorf("admitted %d, %d failed, %d left; want exactly %d admitted, none failed, none left", tl.Admitted, tl.Failed, d.Remaining, capacity)
 				}
 				checkUsed(t, c, subs)
 			})
@@ -136,24 +137,24 @@ func refillRuns(t *testing.T, top topology, backend string, bw ratelimit.Bandwid
 			for _, n := range []int{1, 3, 6} {
 				t.Run(load.name+"/"+strconv.Itoa(n), func(t *testing.T) {
 					key := newKey(t)
-					spec := testkit.InstanceSpec{
-						Backend: backend, Addrs: top.addrs, Cluster: true, Key: key, Config: cfg,
+					spec := harness.Spec{
+						Backend: backend, Server: top.server(), Key: key, Config: cfg,
 						Goroutines: goroutines, Attempts: int(window / load.pause * goroutines), Pause: load.pause,
 					}
 					if n > 1 {
-						spec.Shard = &testkit.InstanceShard{N: n, Retries: sharding.DefaultRetries}
+						spec.Shard = &harness.Shard{N: n, Retries: sharding.DefaultRetries}
 					}
 					in := testkit.StartInstances(t, build.Bin(t), 2, spec)
 					in.Go(t)
 					calls := in.Wait(t)
-					tl := count(calls)
-					span := time.Duration(tl.last - tl.first)
+					tl := harness.Count(calls)
+					span := tl.Span()
 					bound := bw.Capacity + int64(float64(bw.RefillTokens)*span.Seconds()/bw.RefillPeriod.Seconds())
 					sure := sureFalse(calls, bw)
 					t.Logf("%d calls over %v (%.0f a second): %d admitted of at most C + r·T = %d (%.1f%%), %d denied, %d of them false (%.2f%% of calls), %d failed",
-						tl.calls, span.Round(time.Millisecond), tl.rate(), tl.admitted, bound, 100*float64(tl.admitted)/float64(bound), tl.denied, sure, 100*float64(sure)/float64(tl.calls), tl.failed)
-					if tl.failed != 0 || int64(tl.admitted) > bound {
-						t.Errorf("%d admitted, %d failed; want at most %d admitted, none failed", tl.admitted, tl.failed, bound)
+						tl.Calls, span.Round(time.Millisecond), tl.Rate(), tl.Admitted, bound, 100*float64(tl.Admitted)/float64(bound), tl.Denied, sure, 100*float64(sure)/float64(tl.Calls), tl.Failed)
+					if tl.Failed != 0 || int64(tl.Admitted) > bound {
+						t.Errorf("%d admitted, %d failed; want at most %d admitted, none failed", tl.Admitted, tl.Failed, bound)
 					}
 					if n == 1 && sure != 0 {
 						t.Errorf("the unsplit bucket denied %d calls it surely had a token for", sure)
@@ -178,8 +179,8 @@ func refillRuns(t *testing.T, top topology, backend string, bw ratelimit.Bandwid
 // may have fallen in (s, t] (its call ended after s and started before
 // the denial ended). The call's own interval stands for when the store
 // decided it: the instances and the servers share this machine's clock.
-func sureFalse(calls []testkit.Call, bw ratelimit.Bandwidth) int {
-	var admitted []testkit.Call
+func sureFalse(calls []harness.Call, bw ratelimit.Bandwidth) int {
+	var admitted []harness.Call
 	first := calls[0].Start
 	for _, c := range calls {
 		first = min(first, c.Start)
@@ -188,7 +189,7 @@ func sureFalse(calls []testkit.Call, bw ratelimit.Bandwidth) int {
 		}
 	}
 	// Latest end first: A(s, t) grows as s moves back past each end.
-	slices.SortFunc(admitted, func(a, b testkit.Call) int { return int(b.End - a.End) })
+	slices.SortFunc(admitted, func(a, b harness.Call) int { return int(b.End - a.End) })
 	rate := float64(bw.RefillTokens) / float64(bw.RefillPeriod) // tokens a ns
 	n := 0
 	for _, d := range calls {
@@ -253,12 +254,12 @@ func TestShardedPause(t *testing.T) {
 					stopped = node
 				}
 			}
-			spec := testkit.InstanceSpec{
-				Backend: backend, Addrs: top.addrs, Cluster: true, Key: key, Config: cfg,
+			spec := harness.Spec{
+				Backend: backend, Server: top.server(), Key: key, Config: cfg,
 				Goroutines: goroutines, Attempts: before + during + after, Pause: pause,
-				Holds:  []testkit.Hold{{At: before}, {At: before + during}},
-				Policy: &testkit.InstancePolicy{Mode: "Closed", Timeout: time.Second},
-				Shard:  &testkit.InstanceShard{N: 3, Retries: sharding.DefaultRetries},
+				Holds:  []harness.Hold{{At: before}, {At: before + during}},
+				Policy: &harness.Policy{Mode: "Closed", Timeout: time.Second},
+				Shard:  &harness.Shard{N: 3, Retries: sharding.DefaultRetries},
 			}
 			in := testkit.StartInstances(t, build.Bin(t), 2, spec)
 			in.Go(t)
@@ -274,7 +275,7 @@ func TestShardedPause(t *testing.T) {
 			in.Go(t)
 			calls := in.Wait(t)
 
-			var phase [3]tally
+			var phase [3]harness.Tally
 			for _, call := range calls {
 				i := 0
 				switch {
@@ -283,11 +284,11 @@ func TestShardedPause(t *testing.T) {
 				case call.Start > paused:
 					i = 1
 				}
-				phase[i] = addCall(phase[i], call)
+				phase[i] = phase[i].Add(call)
 			}
-			total := phase[0].admitted + phase[1].admitted + phase[2].admitted
+			total := phase[0].Admitted + phase[1].Admitted + phase[2].Admitted
 			for i, name := range []string{"before the pause", "during it", "after it"} {
-				t.Logf("%-16s %4d calls: %4d admitted by the store, %4d denied, %d degraded, %d failed", name, phase[i].calls, phase[i].admitted, phase[i].denied, phase[i].degraded, phase[i].failed)
+				t.Logf("%-16s %4d calls: %4d admitted by the store, %4d denied, %d degraded, %d failed", name, phase[i].Calls, phase[i].Admitted, phase[i].Denied, phase[i].Degraded, phase[i].Failed)
 			}
 			d := inspectView(t, view, key, cfg)
 			t.Logf("%d admitted in all; Inspect after: Remaining %d of %d", total, d.Remaining, capacity)
@@ -295,35 +296,18 @@ func TestShardedPause(t *testing.T) {
 				t.Errorf("%d admitted; want at most the limit, %d", total, capacity)
 			}
 			for i := range phase {
-				if phase[i].failed != 0 {
-					t.Errorf("phase %d: %d calls failed; want every call decided", i, phase[i].failed)
+				if phase[i].Failed != 0 {
+					t.Errorf("phase %d: %d calls failed; want every call decided", i, phase[i].Failed)
 				}
 			}
-			if phase[1].admitted == 0 {
+			if phase[1].Admitted == 0 {
 				t.Errorf("during the pause no call was admitted by the store; want the other masters' sub-buckets to keep deciding")
 			}
-			if phase[2].admitted == 0 {
+			if phase[2].Admitted == 0 {
 				t.Errorf("after the resume no call was admitted; want the stopped master's sub-bucket, %d tokens left, to admit again", d.Remaining)
 			}
 		})
 	}
-}
-
-// addCall adds one call to a tally, counting degraded decisions apart:
-// admitted and denied count the store's decisions only.
-func addCall(n tally, c testkit.Call) tally {
-	n.calls++
-	switch {
-	case c.Err != "":
-		n.failed++
-	case c.Decision.Degraded:
-		n.degraded++
-	case c.Decision.Allowed:
-		n.admitted++
-	default:
-		n.denied++
-	}
-	return n
 }
 
 // inspectView inspects the hot key through view: the sum of its

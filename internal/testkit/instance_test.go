@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/harness"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -16,8 +17,8 @@ func TestInstances(t *testing.T) {
 	t.Parallel()
 	bin := build.Bin(t)
 	r := testkit.StartRedis(t)
-	spec := testkit.InstanceSpec{
-		Backend: testkit.BackendGoRedis, Addrs: []string{r.Addr()}, Key: "instances",
+	spec := harness.Spec{
+		Backend: harness.BackendGoRedis, Server: harness.Server{Addrs: []string{r.Addr()}}, Key: "instances",
 		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(5)}},
 		Goroutines: 3, Attempts: 10,
 	}
@@ -56,16 +57,16 @@ func TestInstancesBadSpec(t *testing.T) {
 	bin := build.Bin(t)
 	tests := []struct {
 		name string
-		spec testkit.InstanceSpec
+		spec harness.Spec
 		want string
 	}{
-		{"Backend", testkit.InstanceSpec{Backend: "memcached", Addrs: []string{"127.0.0.1:1"}, Goroutines: 1}, `Backend "memcached"`},
-		{"Goroutines", testkit.InstanceSpec{Backend: testkit.BackendGoRedis, Addrs: []string{"127.0.0.1:1"}}, "Goroutines 0"},
-		{"Addrs", testkit.InstanceSpec{Backend: testkit.BackendRueidis, Goroutines: 1}, "no Addrs"},
-		{"HoldAtAttempts", testkit.InstanceSpec{Backend: testkit.BackendGoRedis, Addrs: []string{"127.0.0.1:1"}, Goroutines: 1, Attempts: 5,
-			Holds: []testkit.Hold{{At: 5}}}, "Holds[0] {At 5"},
-		{"HoldsOutOfOrder", testkit.InstanceSpec{Backend: testkit.BackendGoRedis, Addrs: []string{"127.0.0.1:1"}, Goroutines: 1, Attempts: 5,
-			Holds: []testkit.Hold{{At: 3}, {At: 2}}}, "Holds[1] {At 2"},
+		{"Backend", harness.Spec{Backend: "memcached", Server: harness.Server{Addrs: []string{"127.0.0.1:1"}}, Goroutines: 1}, `Backend "memcached"`},
+		{"Goroutines", harness.Spec{Backend: harness.BackendGoRedis, Server: harness.Server{Addrs: []string{"127.0.0.1:1"}}}, "Goroutines 0"},
+		{"Addrs", harness.Spec{Backend: harness.BackendRueidis, Goroutines: 1}, "no Addrs"},
+		{"HoldAtAttempts", harness.Spec{Backend: harness.BackendGoRedis, Server: harness.Server{Addrs: []string{"127.0.0.1:1"}}, Goroutines: 1, Attempts: 5,
+			Holds: []harness.Hold{{At: 5}}}, "Holds[0] {At 5"},
+		{"HoldsOutOfOrder", harness.Spec{Backend: harness.BackendGoRedis, Server: harness.Server{Addrs: []string{"127.0.0.1:1"}}, Goroutines: 1, Attempts: 5,
+			Holds: []harness.Hold{{At: 3}, {At: 2}}}, "Holds[1] {At 2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -87,9 +88,9 @@ func TestInstancesBadSpec(t *testing.T) {
 // goRedisSpec is the spec of the harness's own tests: goroutines calling
 // attempts times in all, with holds, through go-redis on the server at
 // addr, on a bucket of 100 an hour at key.
-func goRedisSpec(addr, key string, goroutines, attempts int, holds ...testkit.Hold) testkit.InstanceSpec {
-	return testkit.InstanceSpec{
-		Backend: testkit.BackendGoRedis, Addrs: []string{addr}, Key: key,
+func goRedisSpec(addr, key string, goroutines, attempts int, holds ...harness.Hold) harness.Spec {
+	return harness.Spec{
+		Backend: harness.BackendGoRedis, Server: harness.Server{Addrs: []string{addr}}, Key: key,
 		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(100)}},
 		Goroutines: goroutines, Attempts: attempts, Holds: holds,
 	}
@@ -105,7 +106,7 @@ func TestInstancesHold(t *testing.T) {
 	t.Parallel()
 	const phaseTimeout = 50 * time.Millisecond
 	r := testkit.StartRedis(t)
-	spec := goRedisSpec(r.Addr(), "holds", 3, 12, testkit.Hold{At: 4, Timeout: phaseTimeout}, testkit.Hold{At: 8})
+	spec := goRedisSpec(r.Addr(), "holds", 3, 12, harness.Hold{At: 4, Timeout: phaseTimeout}, harness.Hold{At: 8})
 	in := testkit.StartInstances(t, build.Bin(t), 2, spec)
 	in.Go(t)
 	in.WaitHeld(t)
@@ -188,7 +189,7 @@ func TestKillExited(t *testing.T) {
 func TestInstancesRelease(t *testing.T) {
 	t.Parallel()
 	r := testkit.StartRedis(t)
-	spec := goRedisSpec(r.Addr(), "release", 2, 12, testkit.Hold{At: 4}, testkit.Hold{At: 8})
+	spec := goRedisSpec(r.Addr(), "release", 2, 12, harness.Hold{At: 4}, harness.Hold{At: 8})
 	in := testkit.StartInstances(t, build.Bin(t), 2, spec)
 	in.Go(t)
 	in.WaitHeld(t)
@@ -197,7 +198,9 @@ func TestInstancesRelease(t *testing.T) {
 	in.WaitHeld(t)
 	alone := time.Now().UnixNano() // instance 0 at its second hold, 1 at its first
 	in.Go(t)
-	in.Go(t)
+	// Instance 0 has no hold left and may have exited already: only
+	// instance 1 has one to release.
+	in.Release(t, 1)
 	calls := in.Wait(t)
 	if len(calls) != 24 {
 		t.Fatalf("%d calls reported, want 24", len(calls))

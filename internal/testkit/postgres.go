@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sluicehq/sluice/internal/harness"
 )
 
 // envPostgresURL names the variable that points [Postgres] at an existing
@@ -414,7 +415,7 @@ func (s *PGServer) run(cmd *exec.Cmd, do func(*exec.Cmd) error) error {
 	// Files rather than pipes, so no goroutines copy output.
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Dir = s.dir // the test's directory may be closed to the cluster's user
-	cmd.SysProcAttr = sysProcAttr()
+	cmd.SysProcAttr = harness.SysProcAttr()
 	if s.cred != nil {
 		if cmd.SysProcAttr == nil {
 			cmd.SysProcAttr = &syscall.SysProcAttr{}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/harness"
 )
 
 // readyTimeout bounds the wait for a new server's first answer;
@@ -87,7 +89,7 @@ func (r *Redis) launch() error {
 	// Without --logfile redis-server logs to stdout; config errors go to
 	// stderr. Files rather than pipes, so no goroutines copy output.
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = sysProcAttr()
+	cmd.SysProcAttr = harness.SysProcAttr()
 	exited, err := startWatched(cmd)
 	if err != nil {
 		return err

@@ -17,8 +17,10 @@
 // processes of the instance program ([BuildInstance]), each calling one
 // backend from many goroutines on one bucket, reporting every call's start,
 // end and decision, and holding between phases of the run
-// ([InstanceSpec].Holds) so that a fault strikes at a point the calls
-// cannot run past.
+// ([harness.Spec].Holds) so that a fault strikes at a point the calls
+// cannot run past. The run itself is [harness.Start]'s, which the
+// sluice-verify command shares; StartInstances fails the test where the
+// harness returns an error.
 //
 // [Postgres] gives a test a database of its own, on an existing server
 // when one answers, else on a throwaway cluster; [StartPostgres] always

@@ -1,0 +1,263 @@
+package harness
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+
+	redisbackend "github.com/sluicehq/sluice/backend/redis"
+	"github.com/sluicehq/sluice/backend/redischeck"
+	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// Conn is a backend of a [Spec] on a client of its own, as an instance
+// makes its calls through it.
+type Conn struct {
+	// Backend makes the decisions.
+	Backend ratelimit.Backend
+	// Settings describe the client as it was built, in words: the
+	// settings that matter to a limiter, for a report.
+	Settings []string
+	// Redis is the go-redis client of BackendGoRedis and BackendRacy;
+	// nil for BackendRueidis.
+	Redis redis.UniversalClient
+
+	ping  func(ctx context.Context) error
+	check func(ctx context.Context) (redischeck.Report, error)
+	close func()
+}
+
+// Ping makes one round trip to the server.
+func (c *Conn) Ping(ctx context.Context) error { return c.ping(ctx) }
+
+// Check is the backend's Check: the servers the client reaches, and every
+// setting of theirs or of the client that can break the limits. The racy
+// backend has none, and reports no server.
+func (c *Conn) Check(ctx context.Context) (redischeck.Report, error) {
+	if c.check == nil {
+		return redischeck.Report{}, nil
+	}
+	return c.check(ctx)
+}
+
+// Close closes the client.
+func (c *Conn) Close() { c.close() }
+
+// Connect builds spec's backend on a new client of spec.Server: with no
+// retries and the context's deadline obeyed unless the Server says
+// otherwise, as the Redis backends' docs recommend. It sends nothing.
+func Connect(spec Spec) (*Conn, error) {
+	if len(spec.Addrs) == 0 {
+		return nil, errors.New("spec: no Addrs")
+	}
+	if spec.Cluster && spec.Sentinel != "" {
+		return nil, errors.New("spec: Cluster and Sentinel both set")
+	}
+	tlsConfig, err := spec.TLS.config()
+	if err != nil {
+		return nil, err
+	}
+	switch spec.Backend {
+	case BackendGoRedis, BackendRacy:
+		c, settings := goRedisClient(spec.Server, tlsConfig)
+		conn := &Conn{
+			Settings: settings,
+			Redis:    c,
+			ping:     func(ctx context.Context) error { return c.Ping(ctx).Err() },
+			close:    func() { _ = c.Close() },
+		}
+		if spec.Backend == BackendRacy {
+			conn.Backend = racy{c, spec.Prefix}
+			conn.Settings = append(conn.Settings, "racy: GET, decide in Go, SET (not atomic: tests only)")
+			return conn, nil
+		}
+		b, err := redisbackend.New(c, redisbackend.WithPrefix(spec.Prefix))
+		if err != nil {
+			conn.close()
+			return nil, err
+		}
+		conn.Backend, conn.check = b, b.Check
+		return conn, nil
+	case BackendRueidis:
+		opt, settings := rueidisOption(spec.Server, tlsConfig)
+		c, err := rueidis.NewClient(opt)
+		if err != nil {
+			return nil, err
+		}
+		b, err := rueidisbackend.New(c, rueidisbackend.WithPrefix(spec.Prefix))
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		return &Conn{
+			Backend:  b,
+			Settings: settings,
+			ping:     func(ctx context.Context) error { return c.Do(ctx, c.B().Ping().Build()).Error() },
+			check:    b.Check,
+			close:    c.Close,
+		}, nil
+	}
+	return nil, fmt.Errorf("spec: Backend %q is not %q, %q or %q", spec.Backend, BackendGoRedis, BackendRueidis, BackendRacy)
+}
+
+// NewGoRedis returns a go-redis client of s, built as [Connect] builds the
+// one of BackendGoRedis.
+func NewGoRedis(s Server) (redis.UniversalClient, error) {
+	tlsConfig, err := s.TLS.config()
+	if err != nil {
+		return nil, err
+	}
+	c, _ := goRedisClient(s, tlsConfig)
+	return c, nil
+}
+
+// goRedisClient builds the go-redis client of s: a cluster, failover or
+// plain client, and its settings in words.
+func goRedisClient(s Server, tlsConfig *tls.Config) (redis.UniversalClient, []string) {
+	u := &redis.UniversalOptions{
+		Addrs:                 s.Addrs,
+		IsClusterMode:         s.Cluster,
+		MasterName:            s.Sentinel,
+		DB:                    s.DB,
+		Username:              s.Username,
+		Password:              s.Password,
+		SentinelUsername:      s.SentinelUsername,
+		SentinelPassword:      s.SentinelPassword,
+		TLSConfig:             tlsConfig,
+		MaxRetries:            s.Retries,
+		ContextTimeoutEnabled: !s.NoContextTimeout,
+	}
+	if s.Retries == 0 {
+		u.MaxRetries = -1
+	}
+	var c redis.UniversalClient
+	switch {
+	case s.Cluster:
+		o := u.Cluster()
+		if s.LowLatency {
+			redisbackend.LowLatencyCluster(o)
+		}
+		c = redis.NewClusterClient(o)
+	case s.Sentinel != "":
+		o := u.Failover()
+		if s.LowLatency {
+			redisbackend.LowLatencyFailover(o)
+		}
+		c = redis.NewFailoverClient(o)
+	default:
+		o := u.Simple()
+		if s.LowLatency {
+			redisbackend.LowLatency(o)
+		}
+		c = redis.NewClient(o)
+	}
+	return c, goRedisSettings(c)
+}
+
+// goRedisSettings describes c's settings that matter to a limiter, as
+// go-redis holds them once it has filled in its defaults.
+func goRedisSettings(c redis.UniversalClient) []string {
+	var (
+		kind                        string
+		maxRetries, redirects, pool int
+		contextTimeout              bool
+		dial, read, write           any
+	)
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		o := c.Options()
+		kind, maxRetries, redirects, pool, contextTimeout = "cluster client", o.MaxRetries, o.MaxRedirects, o.PoolSize, o.ContextTimeoutEnabled
+		dial, read, write = o.DialTimeout, o.ReadTimeout, o.WriteTimeout
+	case *redis.Client:
+		o := c.Options()
+		kind, maxRetries, redirects, pool, contextTimeout = "client", o.MaxRetries, -1, o.PoolSize, o.ContextTimeoutEnabled
+		dial, read, write = o.DialTimeout, o.ReadTimeout, o.WriteTimeout
+	}
+	s := fmt.Sprintf("go-redis %s: MaxRetries %d, ContextTimeoutEnabled %t, PoolSize %d, DialTimeout %v, ReadTimeout %v, WriteTimeout %v",
+		kind, max(maxRetries, 0), contextTimeout, pool, dial, read, write)
+	if redirects >= 0 {
+		s += fmt.Sprintf(", MaxRedirects %d", redirects)
+	}
+	return []string{s}
+}
+
+// rueidisOption is the rueidis ClientOption of s, and its settings in
+// words.
+func rueidisOption(s Server, tlsConfig *tls.Config) (rueidis.ClientOption, []string) {
+	opt := rueidis.ClientOption{
+		InitAddress:  s.Addrs,
+		SelectDB:     s.DB,
+		Username:     s.Username,
+		Password:     s.Password,
+		TLSConfig:    tlsConfig,
+		DisableRetry: s.Retries == 0,
+		// A decision is never cached; a client of its own needs no
+		// tracking.
+		DisableCache: true,
+		// A standalone server is one client, even when the server is
+		// a cluster node that would redirect; a cluster is found by
+		// asking.
+		ForceSingleClient: !s.Cluster && s.Sentinel == "",
+	}
+	if s.Sentinel != "" {
+		opt.Sentinel = rueidis.SentinelOption{
+			MasterSet: s.Sentinel,
+			Username:  s.SentinelUsername,
+			Password:  s.SentinelPassword,
+			TLSConfig: tlsConfig,
+		}
+	}
+	if s.LowLatency {
+		rueidisbackend.LowLatency(&opt)
+	}
+	kind := "client"
+	switch {
+	case s.Cluster:
+		kind = "cluster client"
+	case s.Sentinel != "":
+		kind = "Sentinel client"
+	}
+	// The timeouts as rueidis.NewClient fills them in when they are 0.
+	dial := cmp.Or(opt.Dialer.Timeout, rueidis.DefaultDialTimeout)
+	keepAlive := cmp.Or(opt.Dialer.KeepAlive, rueidis.DefaultTCPKeepAlive)
+	write := cmp.Or(opt.ConnWriteTimeout, 10*max(rueidis.DefaultTCPKeepAlive, keepAlive))
+	return opt, []string{fmt.Sprintf("rueidis %s: DisableRetry %t, ConnWriteTimeout %v, Dialer.Timeout %v, Dialer.KeepAlive %v",
+		kind, opt.DisableRetry, write, dial, keepAlive)}
+}
+
+// config builds the tls.Config of t, or nil if t is nil.
+func (t *TLS) config() (*tls.Config, error) {
+	if t == nil {
+		return nil, nil
+	}
+	c := &tls.Config{ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify, MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("TLS CAFile: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("TLS CAFile %s: no PEM certificate in it", t.CAFile)
+		}
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, errors.New("TLS CertFile and KeyFile: give both or neither")
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("TLS CertFile and KeyFile: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}

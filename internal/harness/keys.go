@@ -1,0 +1,93 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Keys returns the keys that start with prefix on every master c reaches,
+// by SCAN, up to limit of them (0: all).
+func Keys(ctx context.Context, c redis.UniversalClient, prefix string, limit int) ([]string, error) {
+	var keys []string
+	err := forEachMaster(ctx, c, func(ctx context.Context, node *redis.Client) error {
+		iter := node.Scan(ctx, 0, globEscaper.Replace(prefix)+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			if limit > 0 && len(keys) == limit {
+				return nil
+			}
+			keys = append(keys, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			return fmt.Errorf("harness: SCAN %s: %w", node.Options().Addr, err)
+		}
+		return nil
+	})
+	return keys, err
+}
+
+// Clean deletes the keys that start with prefix on every master c
+// reaches, one UNLINK each (a cluster node's keys may lie in many slots),
+// and returns how many it deleted.
+func Clean(ctx context.Context, c redis.UniversalClient, prefix string) (int, error) {
+	var deleted int
+	err := forEachMaster(ctx, c, func(ctx context.Context, node *redis.Client) error {
+		iter := node.Scan(ctx, 0, globEscaper.Replace(prefix)+"*", 1000).Iterator()
+		pipe := node.Pipeline()
+		for iter.Next(ctx) {
+			pipe.Unlink(ctx, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			return fmt.Errorf("harness: SCAN %s: %w", node.Options().Addr, err)
+		}
+		if pipe.Len() == 0 {
+			return nil
+		}
+		cmds, err := pipe.Exec(ctx)
+		if err != nil {
+			return fmt.Errorf("harness: UNLINK on %s: %w", node.Options().Addr, err)
+		}
+		for _, cmd := range cmds {
+			deleted += int(cmd.(*redis.IntCmd).Val())
+		}
+		return nil
+	})
+	return deleted, err
+}
+
+// forEachMaster calls f with each master of a cluster client one after
+// another, or with c itself.
+func forEachMaster(ctx context.Context, c redis.UniversalClient, f func(context.Context, *redis.Client) error) error {
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		// ForEachMaster calls its function on the masters concurrently;
+		// f runs on one at a time, so that it need not lock.
+		var (
+			mu      sync.Mutex
+			masters []*redis.Client
+		)
+		if err := c.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			masters = append(masters, node)
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, m := range masters {
+			if err := f(ctx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	case *redis.Client:
+		return f(ctx, c)
+	}
+	return fmt.Errorf("harness: %T is neither a *redis.Client nor a *redis.ClusterClient", c)
+}
+
+// globEscaper escapes the characters SCAN's MATCH pattern gives a meaning.
+var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)

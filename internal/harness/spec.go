@@ -1,0 +1,187 @@
+package harness
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// Backends a [Spec] may name.
+const (
+	// BackendGoRedis is backend/redis on a go-redis client.
+	BackendGoRedis = "goredis"
+	// BackendRueidis is backend/rueidis on a rueidis client.
+	BackendRueidis = "rueidis"
+	// BackendRacy reads the bucket with GET, decides in Go with
+	// ratelimit.Apply and writes it back with SET: deliberately not
+	// atomic, so that a checker can be shown to catch it. Tests only.
+	BackendRacy = "racy"
+)
+
+// Spec is what every process of a distributed run does: it connects to
+// Redis with Backend as [Server] says, then, once released, runs
+// Goroutines goroutines that make Attempts calls in all on the bucket at
+// Key with Config.
+type Spec struct {
+	// Backend is BackendGoRedis, BackendRueidis or BackendRacy.
+	Backend string
+	// Server says where Redis is and how to reach it.
+	Server
+	// Key and Config name the bucket; every call uses them.
+	Key    string
+	Config ratelimit.Config
+	// Requests are the calls to make, in turn: attempt i of the instance
+	// makes Requests[i % len(Requests)]. Empty means Consume of 1 token.
+	Requests []ratelimit.Request
+	// Goroutines make the calls concurrently, taking the next attempt as
+	// each finishes one; Attempts is this instance's total.
+	Goroutines, Attempts int
+	// Timeout bounds each call; 0 means 10s.
+	Timeout time.Duration
+	// Policy, if set, puts the backend behind a fail policy.
+	Policy *Policy
+	// Shard, if set, splits Key into sub-buckets with the sharding
+	// package, outside the fail policy if there is one (as sharding's
+	// package doc advises).
+	Shard *Shard
+	// Pause is how long each goroutine waits after a call before it takes
+	// the next attempt: a steady load rather than a flood.
+	Pause time.Duration
+	// Settle makes the instance, after its attempts, make Estimate calls
+	// of 1 token, 50ms apart, until one is decided by the store (not
+	// Degraded) or 30s have passed, when it gives up as Fatal. With a
+	// policy in Local mode, the store has then been charged every debt of
+	// the key's share. Settle calls take nothing and are not reported.
+	Settle bool
+	// Holds divide the attempts into phases, so that a caller can act
+	// between them without racing the calls: at each hold, in order, no
+	// goroutine starts attempt At or a later one until the harness
+	// releases the hold ([Instances.Go], [Instances.Release]). Once every
+	// attempt before At has started (some may still be in flight, until
+	// [Instances.WaitIdle]), the instance reports that it holds, which
+	// [Instances.WaitHeld] waits for. Each At must be after the previous
+	// one and before Attempts.
+	Holds []Hold
+}
+
+// Server says where a run's Redis is and how a client reaches it: the
+// settings go-redis and rueidis both take. Its zero value but Addrs is a
+// plain connection to a standalone server with the client settings
+// sluice's docs recommend.
+type Server struct {
+	// Addrs is the standalone server's address, the cluster's nodes, or
+	// the Sentinels.
+	Addrs []string
+	// Cluster says that Addrs are the nodes of a Redis Cluster.
+	Cluster bool
+	// Sentinel, if set, says that Addrs are Sentinels, which know the
+	// master under this name.
+	Sentinel string
+	// Prefix is the backend's key prefix (WithPrefix): every key a run
+	// makes starts with it.
+	Prefix string
+	// DB is the database number SELECTed on a standalone or Sentinel
+	// master (a cluster has only 0).
+	DB int
+	// Username and Password authenticate to the servers (AUTH); empty
+	// means none.
+	Username, Password string
+	// SentinelUsername and SentinelPassword authenticate to the
+	// Sentinels.
+	SentinelUsername, SentinelPassword string
+	// TLS, if set, connects with TLS.
+	TLS *TLS
+	// Retries is how often a client may send a command again after a
+	// network error: go-redis's MaxRetries, where 0 here is its -1 (none,
+	// as the backend's docs advise) and go-redis's own default is 3; on
+	// rueidis, more than 0 leaves DisableRetry off, as rueidis's default
+	// does.
+	Retries int
+	// NoContextTimeout leaves go-redis's ContextTimeoutEnabled off, as its
+	// default does, so that a call's deadline does not reach the socket.
+	NoContextTimeout bool
+	// LowLatency builds the client with the backend's LowLatency helper,
+	// as docs/operations.md tells a user to, after the settings above.
+	LowLatency bool
+}
+
+// TLS is the TLS setup of a [Server], as the client's tls.Config gets it.
+type TLS struct {
+	// CAFile is a PEM file of the certificates that verify the servers;
+	// empty means the system's.
+	CAFile string
+	// CertFile and KeyFile are the PEM client certificate and key, for a
+	// server that asks for one; both or neither.
+	CertFile, KeyFile string
+	// ServerName is the name to verify the servers' certificates against;
+	// empty means the host of each address.
+	ServerName string
+	// InsecureSkipVerify accepts any certificate.
+	InsecureSkipVerify bool
+}
+
+// Policy is the fail policy of [Spec].Policy: the failpolicy.Wrap of the
+// backend, with these options where they are set and failpolicy's
+// defaults where they are zero.
+type Policy struct {
+	// Mode is the failpolicy.Mode, by name: "Open", "Closed" or "Local".
+	Mode string
+	// Timeout is the WithTimeout.
+	Timeout time.Duration
+	// Instances is the WithInstances.
+	Instances int
+}
+
+// Shard is the split of [Spec].Shard: sharding.New of the backend (behind
+// its policy, if any) with the rule sharding.Keys(N, Key).WithRetries(Retries).
+type Shard struct {
+	N, Retries int
+}
+
+// Hold is one of [Spec].Holds.
+type Hold struct {
+	// At is the first attempt held back.
+	At int
+	// Timeout bounds each call from attempt At to the next hold; 0
+	// means the spec's Timeout.
+	Timeout time.Duration
+}
+
+// Call is one call an instance made, as it reports it.
+type Call struct {
+	// Instance is the index of the process; Goroutine, of the goroutine in it.
+	Instance, Goroutine int
+	// Attempt is the instance's attempt number: the call made
+	// Spec.Requests[Attempt % len(Spec.Requests)].
+	Attempt int
+	// Start and End are the wall-clock times, in ns since the Unix epoch,
+	// just before the call and just after it returned. Every instance runs
+	// on the harness's machine, so they read one clock.
+	Start, End int64
+	// Decision is the call's decision; meaningless when Err is set.
+	Decision ratelimit.Decision
+	// Err is the error the call returned, or "", or [ErrUnreported]. A call
+	// with an error may or may not have taken effect.
+	Err string
+}
+
+// ErrUnreported is the Err of a call that an instance started but never
+// reported, because it died; End is then 0.
+const ErrUnreported = "unreported: the instance died during the call"
+
+// Line is one line, in JSON, that an instance writes on stdout: Ready once
+// connected; then for each call, Started (Instance, Goroutine, Attempt and
+// Start) just before it and Call as it returns, with Held at each of the
+// spec's holds; then Done. Or Fatal when it gives up.
+type Line struct {
+	Ready   bool   `json:",omitempty"`
+	Held    bool   `json:",omitempty"`
+	Done    bool   `json:",omitempty"`
+	Fatal   string `json:",omitempty"`
+	Started *Call  `json:",omitempty"`
+	Call    *Call  `json:",omitempty"`
+}
+
+// GoLine is the line the harness writes on an instance's stdin, after the
+// spec, to release it, and again to release each of its holds.
+const GoLine = "go\n"
