@@ -255,7 +255,7 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 		servers = append(servers, redisscript.ParseInfo(addr, info))
 		return nil
 	}
-	shard := func(ctx context.Context, c *redis.Client) error { return check(ctx, c.Options().Addr, c) }
+	shard := func(ctx context.Context, c *redis.Client) error { return check(ctx, serverAddr(ctx, c), c) }
 	var err error
 	switch c := b.client.(type) {
 	case *redis.ClusterClient:
@@ -271,6 +271,24 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 		return Report{}, redisscript.Error(ctx, err, name+": Check")
 	}
 	return redisscript.Assess(servers, clientProblems(b.client)...)
+}
+
+// failoverAddr is the Addr go-redis gives the options of a failover
+// client, which has no address of its own: it asks the Sentinels.
+const failoverAddr = "FailoverClient"
+
+// serverAddr is the address of c's server as the report names it: its
+// Addr, or for a failover client the master's address from CLIENT INFO
+// (Redis 6.2 and later), else "FailoverClient".
+func serverAddr(ctx context.Context, c *redis.Client) string {
+	addr := c.Options().Addr
+	if addr != failoverAddr {
+		return addr
+	}
+	if info, err := c.ClientInfo(ctx).Result(); err == nil && info.LAddr != "" {
+		return info.LAddr
+	}
+	return addr
 }
 
 // clientProblems are the settings of c that can break the limits, in words

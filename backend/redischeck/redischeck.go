@@ -30,7 +30,9 @@ type Report struct {
 
 // Server is one server as a backend's Check saw it.
 type Server struct {
-	// Addr is the server's address as the client knows it.
+	// Addr is the server's address as the client knows it; for a go-redis
+	// failover client, which knows none, the master's own, from CLIENT
+	// INFO.
 	Addr string
 	// Version is redis_version from INFO.
 	Version string

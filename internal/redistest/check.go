@@ -38,6 +38,15 @@ func testCheck(t *testing.T, a Adapter) {
 			t.Fatalf("Check on a 3-master cluster: %+v, %v; want 3 servers, no problem", report, err)
 		}
 	})
+	t.Run("Sentinel", func(t *testing.T) {
+		t.Parallel()
+		master := testkit.StartRedis(t)
+		b := a.Sentinel(t, []string{testkit.StartSentinel(t, master.Addr()).Addr()}, testkit.SentinelMaster)
+		report, err := b.Check(ctx)
+		if err != nil || len(report.Servers) != 1 || report.Servers[0].Addr != master.Addr() {
+			t.Fatalf("Check through a Sentinel: %+v, %v; want the master, %s, no problem", report, err, master.Addr())
+		}
+	})
 	t.Run("Down", func(t *testing.T) {
 		t.Parallel()
 		r := testkit.StartRedis(t)
