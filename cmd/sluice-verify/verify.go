@@ -1,0 +1,280 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/backend/redischeck"
+	"github.com/sluicehq/sluice/internal/harness"
+)
+
+// setupTimeout bounds each step around the runs: the prefix check, a
+// backend's Check, the clean-up.
+const setupTimeout = 30 * time.Second
+
+// verify makes the runs o asks for and returns their report. An error
+// means the check could not be made at all: no report.
+func verify(ctx context.Context, o options, prog *progress) (*report, error) {
+	c, err := harness.NewGoRedis(o.server)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	setup, cancel := context.WithTimeout(ctx, setupTimeout)
+	found, err := harness.Keys(setup, c, o.server.Prefix, 3)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("looking for keys under the prefix %q: %w", o.server.Prefix, err)
+	}
+	if len(found) > 0 {
+		return nil, fmt.Errorf("refusing to run: the server already holds keys under the prefix %q (%s); remove them, or choose another --prefix", o.server.Prefix, strings.Join(found, ", "))
+	}
+
+	rep := &report{
+		Server:     o.describe,
+		Prefix:     o.server.Prefix,
+		Processes:  o.processes,
+		Goroutines: o.goroutines,
+		Calls:      o.calls / o.processes * o.processes,
+		Capacity:   o.capacity,
+	}
+	// From here on keys may exist: clean up whatever happens, even after
+	// an interrupt.
+	defer func() {
+		clean, cancel := context.WithTimeout(context.WithoutCancel(ctx), setupTimeout)
+		defer cancel()
+		rep.KeysDeleted, rep.CleanError = cleanUp(clean, c, o.server.Prefix, &rep.KeysLeft)
+	}()
+
+	for _, adapter := range o.adapters {
+		rep.Adapters = append(rep.Adapters, check(ctx, o, adapter))
+	}
+	total := len(o.adapters) * len(o.buckets)
+	for _, adapter := range o.adapters {
+		for _, b := range o.buckets {
+			if ctx.Err() != nil {
+				rep.Interrupted = true
+				return rep, nil
+			}
+			r := measure(ctx, o, adapter, b, prog.run(len(rep.Runs)+1, total, adapter+" "+b.Name))
+			rep.Runs = append(rep.Runs, r)
+		}
+	}
+	if ctx.Err() != nil {
+		rep.Interrupted = true
+	}
+	return rep, nil
+}
+
+// check runs the backend's Check for adapter.
+func check(ctx context.Context, o options, adapter string) adapterReport {
+	a := adapterReport{Name: adapter}
+	conn, err := harness.Connect(harness.Spec{Backend: adapter, Server: o.server})
+	if err != nil {
+		a.CheckError = err.Error()
+		return a
+	}
+	defer conn.Close()
+	a.Settings = conn.Settings
+	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	r, err := conn.Check(ctx)
+	if err != nil && !errors.Is(err, redischeck.ErrUnsafeServer) {
+		a.CheckError = err.Error()
+	}
+	for _, s := range r.Servers {
+		a.Servers = append(a.Servers, serverReport(s))
+	}
+	a.Problems = r.Problems
+	return a
+}
+
+// measure makes one run: o's processes on a new bucket b through adapter.
+func measure(ctx context.Context, o options, adapter string, b harness.Bucket, p *runProgress) runReport {
+	spec := harness.Spec{
+		Backend:    adapter,
+		Server:     o.server,
+		Key:        adapter + ":" + b.Name,
+		Config:     b.Config(),
+		Goroutines: o.goroutines,
+		Attempts:   o.calls / o.processes,
+		Timeout:    o.timeout,
+	}
+	r := runReport{Adapter: adapter, Bucket: b.Name, Algorithm: b.Algorithm.String()}
+	res, err := harness.Measure(ctx, harness.Run{
+		Program: o.instance, Processes: o.processes, Spec: spec,
+		Drive: func(in *harness.Instances) error {
+			p.start(in, spec.Attempts*o.processes)
+			return in.Go()
+		},
+	})
+	p.stop()
+	if err != nil {
+		r.Verdict, r.Error = verdictError, err.Error()
+		p.done(r)
+		return r
+	}
+	n := res.Tally
+	r.Made, r.Admitted, r.Denied, r.Failed = n.Calls, n.Admitted, n.Denied, n.Failed
+	r.Remaining = res.Remaining
+	r.Bound = boundReport{Low: res.Bounds.Low, High: res.Bounds.High, SpanMillis: millis(res.Bounds.Span)}
+	r.Seconds = n.Span().Seconds()
+	r.Latency = latencies(res.Calls)
+	r.Errors = firstErrors(res.Calls, 3)
+	switch err := res.Check(); {
+	case err != nil:
+		r.Verdict, r.Error = verdictBroken, err.Error()
+	case n.Failed > 0:
+		r.Verdict = verdictFailed
+	default:
+		r.Verdict = verdictOK
+	}
+	p.done(r)
+	return r
+}
+
+// cleanUp deletes the run's keys and counts those left under the prefix.
+func cleanUp(ctx context.Context, c redis.UniversalClient, prefix string, left *int) (int, string) {
+	deleted, err := harness.Clean(ctx, c, prefix)
+	if err != nil {
+		return deleted, err.Error()
+	}
+	keys, err := harness.Keys(ctx, c, prefix, 0)
+	if err != nil {
+		return deleted, err.Error()
+	}
+	*left = len(keys)
+	return deleted, ""
+}
+
+// latencies are the percentiles of the calls' durations, of those that
+// returned.
+func latencies(calls []harness.Call) latencyReport {
+	var d []time.Duration
+	for _, c := range calls {
+		if c.End != 0 {
+			d = append(d, time.Duration(c.End-c.Start))
+		}
+	}
+	if len(d) == 0 {
+		return latencyReport{}
+	}
+	slices.Sort(d)
+	at := func(q float64) float64 {
+		i := int(q*float64(len(d))+0.5) - 1
+		return millis(d[min(max(i, 0), len(d)-1)])
+	}
+	return latencyReport{P50: at(0.50), P90: at(0.90), P99: at(0.99), Max: millis(d[len(d)-1])}
+}
+
+// firstErrors are up to n distinct errors of the calls, each with how
+// often it occurred.
+func firstErrors(calls []harness.Call, n int) []errorCount {
+	var out []errorCount
+	for _, c := range calls {
+		if c.Err == "" {
+			continue
+		}
+		i := slices.IndexFunc(out, func(e errorCount) bool { return e.Error == c.Err })
+		switch {
+		case i >= 0:
+			out[i].Count++
+		case len(out) < n:
+			out = append(out, errorCount{Error: c.Err, Count: 1})
+		}
+	}
+	return out
+}
+
+func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// progress writes the progress line on stderr: on a terminal, one line
+// rewritten as the calls go; elsewhere, a line as each run ends.
+type progress struct {
+	w        io.Writer
+	terminal bool
+	quiet    bool
+}
+
+func newProgress(w io.Writer, quiet bool) *progress {
+	terminal := false
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil {
+			terminal = fi.Mode()&os.ModeCharDevice != 0
+		}
+	}
+	return &progress{w: w, terminal: terminal, quiet: quiet}
+}
+
+// runProgress is the progress of one run.
+type runProgress struct {
+	p     *progress
+	label string
+
+	mu      sync.Mutex
+	stopped chan struct{}
+	wg      sync.WaitGroup
+}
+
+// run starts the progress of run i of total.
+func (p *progress) run(i, total int, what string) *runProgress {
+	return &runProgress{p: p, label: fmt.Sprintf("[%d/%d] %s", i, total, what)}
+}
+
+// start shows in's calls as they go, on a terminal, until stop.
+func (rp *runProgress) start(in *harness.Instances, calls int) {
+	if rp.p.quiet || !rp.p.terminal {
+		return
+	}
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	rp.stopped = make(chan struct{})
+	rp.wg.Go(func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			_, returned := in.Progress()
+			fmt.Fprintf(rp.p.w, "\r\033[K%s: %d/%d calls", rp.label, returned, calls)
+			select {
+			case <-rp.stopped:
+				return
+			case <-tick.C:
+			}
+		}
+	})
+}
+
+// stop ends what start began.
+func (rp *runProgress) stop() {
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	if rp.stopped != nil {
+		close(rp.stopped)
+		rp.wg.Wait()
+		rp.stopped = nil
+	}
+}
+
+// done reports the end of the run.
+func (rp *runProgress) done(r runReport) {
+	if rp.p.quiet {
+		return
+	}
+	line := fmt.Sprintf("%s: %s, admitted %d of [%d, %d]", rp.label, r.Verdict, r.Admitted, r.Bound.Low, r.Bound.High)
+	if r.Verdict == verdictError {
+		line = fmt.Sprintf("%s: %s", rp.label, r.Error)
+	}
+	if rp.p.terminal {
+		fmt.Fprintf(rp.p.w, "\r\033[K%s\n", line)
+		return
+	}
+	fmt.Fprintln(rp.p.w, line)
+}
