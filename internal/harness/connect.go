@@ -138,55 +138,36 @@ func goRedisClient(s Server, tlsConfig *tls.Config) (redis.UniversalClient, []st
 	if s.Retries == 0 {
 		u.MaxRetries = -1
 	}
-	var c redis.UniversalClient
 	switch {
 	case s.Cluster:
 		o := u.Cluster()
 		if s.LowLatency {
 			redisbackend.LowLatencyCluster(o)
 		}
-		c = redis.NewClusterClient(o)
+		c := redis.NewClusterClient(o)
+		o = c.Options() // with go-redis's defaults filled in, as below
+		return c, []string{fmt.Sprintf("go-redis cluster client: MaxRetries %d, ContextTimeoutEnabled %t, PoolSize %d, DialTimeout %v, ReadTimeout %v, WriteTimeout %v, MaxRedirects %d",
+			o.MaxRetries, o.ContextTimeoutEnabled, o.PoolSize, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MaxRedirects)}
 	case s.Sentinel != "":
 		o := u.Failover()
 		if s.LowLatency {
 			redisbackend.LowLatencyFailover(o)
 		}
-		c = redis.NewFailoverClient(o)
+		return clientSettings("failover client", redis.NewFailoverClient(o))
 	default:
 		o := u.Simple()
 		if s.LowLatency {
 			redisbackend.LowLatency(o)
 		}
-		c = redis.NewClient(o)
+		return clientSettings("client", redis.NewClient(o))
 	}
-	return c, goRedisSettings(c)
 }
 
-// goRedisSettings describes c's settings that matter to a limiter, as
-// go-redis holds them once it has filled in its defaults.
-func goRedisSettings(c redis.UniversalClient) []string {
-	var (
-		kind                        string
-		maxRetries, redirects, pool int
-		contextTimeout              bool
-		dial, read, write           any
-	)
-	switch c := c.(type) {
-	case *redis.ClusterClient:
-		o := c.Options()
-		kind, maxRetries, redirects, pool, contextTimeout = "cluster client", o.MaxRetries, o.MaxRedirects, o.PoolSize, o.ContextTimeoutEnabled
-		dial, read, write = o.DialTimeout, o.ReadTimeout, o.WriteTimeout
-	case *redis.Client:
-		o := c.Options()
-		kind, maxRetries, redirects, pool, contextTimeout = "client", o.MaxRetries, -1, o.PoolSize, o.ContextTimeoutEnabled
-		dial, read, write = o.DialTimeout, o.ReadTimeout, o.WriteTimeout
-	}
-	s := fmt.Sprintf("go-redis %s: MaxRetries %d, ContextTimeoutEnabled %t, PoolSize %d, DialTimeout %v, ReadTimeout %v, WriteTimeout %v",
-		kind, max(maxRetries, 0), contextTimeout, pool, dial, read, write)
-	if redirects >= 0 {
-		s += fmt.Sprintf(", MaxRedirects %d", redirects)
-	}
-	return []string{s}
+// clientSettings returns c, and its settings in words.
+func clientSettings(kind string, c *redis.Client) (redis.UniversalClient, []string) {
+	o := c.Options()
+	return c, []string{fmt.Sprintf("go-redis %s: MaxRetries %d, ContextTimeoutEnabled %t, PoolSize %d, DialTimeout %v, ReadTimeout %v, WriteTimeout %v",
+		kind, o.MaxRetries, o.ContextTimeoutEnabled, o.PoolSize, o.DialTimeout, o.ReadTimeout, o.WriteTimeout)}
 }
 
 // rueidisOption is the rueidis ClientOption of s, and its settings in
