@@ -245,9 +245,6 @@ func parse(args []string, stderr io.Writer) (options, error) {
 			return fail("--adapters: %q is not %s or %s", a, harness.BackendGoRedis, harness.BackendRueidis)
 		}
 	}
-	if len(o.adapters) == 0 {
-		return fail("--adapters: name at least one")
-	}
 	if racy {
 		o.adapters = []string{harness.BackendRacy}
 	}
