@@ -146,9 +146,16 @@ func TestVerifyIntegration(t *testing.T) {
 				}
 			}
 			// A bucket that has refilled expires by itself: the refilling
-			// one may be gone before the clean-up.
-			if rep.KeysDeleted < len(rep.Runs)-1 || rep.KeysDeleted > len(rep.Runs) || rep.KeysLeft != 0 || rep.CleanError != "" {
-				t.Errorf("clean-up deleted %d keys, left %d (%s); want %d or one fewer deleted, none left", rep.KeysDeleted, rep.KeysLeft, rep.CleanError, len(rep.Runs))
+			// ones, full again 10s after their run, may be gone before the
+			// clean-up; every other one lasts an hour.
+			lasting := 0
+			for _, r := range rep.Runs {
+				if r.Bucket != "TokenBucketRefill" {
+					lasting++
+				}
+			}
+			if rep.KeysDeleted < lasting || rep.KeysDeleted > len(rep.Runs) || rep.KeysLeft != 0 || rep.CleanError != "" {
+				t.Errorf("clean-up deleted %d keys, left %d (%s); want %d to %d deleted, none left", rep.KeysDeleted, rep.KeysLeft, rep.CleanError, lasting, len(rep.Runs))
 			}
 			checkClean(t, c, rep.Prefix, "sluice-verifx")
 		})
