@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/backend/redischeck"
 	"github.com/sluicehq/sluice/internal/harness"
 )
@@ -51,7 +52,7 @@ func verify(ctx context.Context, o options, prog *progress) (*report, error) {
 	defer func() {
 		clean, cancel := context.WithTimeout(context.WithoutCancel(ctx), setupTimeout)
 		defer cancel()
-		rep.KeysDeleted, rep.CleanError = cleanUp(clean, c, o.server.Prefix, &rep.KeysLeft)
+		rep.KeysDeleted, rep.KeysLeft, rep.CleanError = cleanUp(clean, c, o.server.Prefix)
 	}()
 
 	for _, adapter := range o.adapters {
@@ -61,16 +62,13 @@ func verify(ctx context.Context, o options, prog *progress) (*report, error) {
 	for _, adapter := range o.adapters {
 		for _, b := range o.buckets {
 			if ctx.Err() != nil {
-				rep.Interrupted = true
-				return rep, nil
+				break
 			}
 			r := measure(ctx, o, adapter, b, prog.run(len(rep.Runs)+1, total, adapter+" "+b.Name))
 			rep.Runs = append(rep.Runs, r)
 		}
 	}
-	if ctx.Err() != nil {
-		rep.Interrupted = true
-	}
+	rep.Interrupted = ctx.Err() != nil
 	return rep, nil
 }
 
@@ -141,18 +139,18 @@ func measure(ctx context.Context, o options, adapter string, b harness.Bucket, p
 	return r
 }
 
-// cleanUp deletes the run's keys and counts those left under the prefix.
-func cleanUp(ctx context.Context, c redis.UniversalClient, prefix string, left *int) (int, string) {
+// cleanUp deletes the run's keys and counts those left under the prefix;
+// if it fails, it says why.
+func cleanUp(ctx context.Context, c redis.UniversalClient, prefix string) (deleted, left int, failed string) {
 	deleted, err := harness.Clean(ctx, c, prefix)
 	if err != nil {
-		return deleted, err.Error()
+		return deleted, 0, err.Error()
 	}
 	keys, err := harness.Keys(ctx, c, prefix, 0)
 	if err != nil {
-		return deleted, err.Error()
+		return deleted, 0, err.Error()
 	}
-	*left = len(keys)
-	return deleted, ""
+	return deleted, len(keys), ""
 }
 
 // latencies are the percentiles of the calls' durations, of those that
@@ -214,13 +212,12 @@ func newProgress(w io.Writer, quiet bool) *progress {
 	return &progress{w: w, terminal: terminal, quiet: quiet}
 }
 
-// runProgress is the progress of one run.
+// runProgress is the progress of one run. start and stop are called from
+// the run's goroutine (Measure calls Drive on its own).
 type runProgress struct {
-	p     *progress
-	label string
-
-	mu      sync.Mutex
-	stopped chan struct{}
+	p       *progress
+	label   string
+	stopped chan struct{} // closed by stop; nil unless started
 	wg      sync.WaitGroup
 }
 
@@ -234,15 +231,12 @@ func (rp *runProgress) start(in *harness.Instances, calls int) {
 	if rp.p.quiet || !rp.p.terminal {
 		return
 	}
-	rp.mu.Lock()
-	defer rp.mu.Unlock()
 	rp.stopped = make(chan struct{})
 	rp.wg.Go(func() {
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			_, returned := in.Progress()
-			fmt.Fprintf(rp.p.w, "\r\033[K%s: %d/%d calls", rp.label, returned, calls)
+			fmt.Fprintf(rp.p.w, "\r\033[K%s: %d/%d calls", rp.label, in.Returned(), calls)
 			select {
 			case <-rp.stopped:
 				return
@@ -254,8 +248,6 @@ func (rp *runProgress) start(in *harness.Instances, calls int) {
 
 // stop ends what start began.
 func (rp *runProgress) stop() {
-	rp.mu.Lock()
-	defer rp.mu.Unlock()
 	if rp.stopped != nil {
 		close(rp.stopped)
 		rp.wg.Wait()

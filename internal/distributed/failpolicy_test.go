@@ -119,7 +119,7 @@ func TestPolicyBurst(t *testing.T) {
 					Backend:    backend,
 					Server:     top.server(),
 					Key:        newKey(t),
-					Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{noRefill(20)}},
+					Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{harness.NoRefill(20)}},
 					Goroutines: 100,
 					Attempts:   100,
 					Policy:     &harness.Policy{Mode: "Local", Timeout: tc.timeout, Instances: 2},

@@ -73,7 +73,7 @@ var instanceKilled = &fault{
 // goroutine makes 4 calls during it, which time out after 200ms, so that
 // on a paused master they fail, one after another.
 func faultAdmissionRun(top topology, backend string, f *fault) run {
-	r := admissionRun(top, backend, noRefill(1000))
+	r := admissionRun(top, backend, harness.NoRefill(1000))
 	r.fault, r.faultAfter, r.faultCalls, r.faultTimeout = f, 500, 4, 200*time.Millisecond
 	return r
 }
@@ -130,7 +130,7 @@ func TestMissedFaultsAreCaught(t *testing.T) {
 				inject: func(*testing.T, client, run, string, *testkit.Instances) func() { return func() {} },
 				during: f.during,
 			})
-			calls, m := execute(t, c, r, r.spec(newKey(t)), nil)
+			calls, m := execute(t, c, r, r.spec(newKey(t)))
 			err := checkFault(r, calls, m)
 			if err == nil {
 				t.Fatal("checkFault passed a run whose fault never struck")

@@ -78,12 +78,6 @@ func onEachTopology(t *testing.T, body func(t *testing.T, top topology, c client
 
 var adapters = []string{harness.BackendGoRedis, harness.BackendRueidis}
 
-// noRefill is a token bucket that refills one token an hour: a thousandth
-// of a token within a run, so that it admits no more than its capacity.
-func noRefill(capacity int64) ratelimit.Bandwidth {
-	return ratelimit.PerHour(1).WithBurst(capacity)
-}
-
 // newKey returns a bucket key no other run uses.
 func newKey(t *testing.T) string {
 	return fmt.Sprintf("distributed:%s:%d", t.Name(), time.Now().UnixNano())
@@ -175,13 +169,10 @@ type marks struct {
 }
 
 // execute starts r's instances on spec, releases them, and returns their
-// calls; see drive. before runs just before the release.
-func execute(t *testing.T, c client, r run, spec harness.Spec, before func()) ([]harness.Call, marks) {
+// calls; see drive.
+func execute(t *testing.T, c client, r run, spec harness.Spec) ([]harness.Call, marks) {
 	t.Helper()
 	in := testkit.StartInstances(t, build.Bin(t), r.processes, r.withHolds(spec))
-	if before != nil {
-		before()
-	}
 	m := r.drive(t, c, spec.Key, in)
 	return in.Wait(t), m
 }

@@ -51,7 +51,7 @@ func refillRun(top topology, backend string) run {
 func linearizabilityRun(top topology, backend string) run {
 	return run{
 		top: top, backend: backend,
-		bandwidth: noRefill(10),
+		bandwidth: harness.NoRefill(10),
 		processes: 3, goroutines: 4, attempts: 300,
 	}
 }
@@ -69,7 +69,7 @@ func linearizable(t *testing.T, c client, r run, seed uint64) (porcupine.CheckRe
 		requests, hist = refillRequests, timedHistory
 	}
 	spec.Requests = requests(seed, spec.Attempts)
-	calls, m := execute(t, c, r, spec, nil)
+	calls, m := execute(t, c, r, spec)
 	ops, err := hist(spec, calls)
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +141,7 @@ func TestRacyIsCaught(t *testing.T) {
 		})
 	}
 	t.Run("Admission", func(t *testing.T) {
-		r := admissionRun(top, harness.BackendRacy, noRefill(1000))
+		r := admissionRun(top, harness.BackendRacy, harness.NoRefill(1000))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		for range 3 {

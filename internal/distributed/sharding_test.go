@@ -83,7 +83,7 @@ func TestShardedConservation(t *testing.T) {
 			t.Run(backend+"/"+strconv.Itoa(n), func(t *testing.T) {
 				const capacity = 1000
 				key := newKey(t)
-				cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{noRefill(capacity)}}
+				cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{harness.NoRefill(capacity)}}
 				view := shardedView(t, c, key, n)
 				subs := checkSpread(t, c, top, view, key)
 				spec := harness.Spec{
@@ -245,7 +245,7 @@ func TestShardedPause(t *testing.T) {
 				after      = 300 * goroutines // 300 pauses a goroutine: 3s
 			)
 			key := newKey(t)
-			cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{noRefill(capacity)}}
+			cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{harness.NoRefill(capacity)}}
 			view := shardedView(t, c, key, 3)
 			subs := checkSpread(t, c, top, view, key)
 			var stopped *testkit.Redis
@@ -334,7 +334,7 @@ func TestShardedFailover(t *testing.T) {
 	top := topology{addrs: cl.Addrs(), cluster: true, nodes: cl.Nodes()}
 	c := newClient(t, top)
 	key := newKey(t)
-	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{noRefill(300)}}
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{harness.NoRefill(300)}}
 	view := shardedView(t, c, key, 3)
 	before := checkSpread(t, c, top, view, key)
 

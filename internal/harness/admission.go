@@ -24,6 +24,13 @@ func (b Bucket) Config() ratelimit.Config {
 	return ratelimit.Config{Algorithm: b.Algorithm, Bandwidths: []ratelimit.Bandwidth{b.Bandwidth}}
 }
 
+// NoRefill is a token bucket of the given capacity that refills one token
+// an hour: a thousandth of a token within a run of seconds, so that it
+// admits no more than its capacity.
+func NoRefill(capacity int64) ratelimit.Bandwidth {
+	return ratelimit.PerHour(1).WithBurst(capacity)
+}
+
 // Buckets are the buckets of the exact-admission runs, each of the given
 // capacity: a token bucket that refills one token an hour (a thousandth of
 // a token within a run of seconds, so it admits exactly its capacity), one
@@ -32,7 +39,7 @@ func (b Bucket) Config() ratelimit.Config {
 // algorithm at capacity an hour, whose window is a thousand times a run's
 // span, so that the token bucket's bound is theirs too.
 func Buckets(capacity int64) []Bucket {
-	noRefill := ratelimit.PerHour(1).WithBurst(capacity)
+	noRefill := NoRefill(capacity)
 	b := []Bucket{
 		{"TokenBucket", ratelimit.TokenBucket, noRefill},
 		{"TokenBucketRefill", ratelimit.TokenBucket, ratelimit.Every(10*time.Millisecond, 1).WithBurst(capacity)},

@@ -301,15 +301,12 @@ func (in *Instances) WaitStarted(i, n int) error {
 	})
 }
 
-// Progress returns how many calls the instances have started and how many
-// have returned, so far.
-func (in *Instances) Progress() (started, returned int) {
+// Returned is how many calls the instances have reported returning, so
+// far.
+func (in *Instances) Returned() int {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	for _, p := range in.procs {
-		started += p.started
-	}
-	return started, len(in.calls)
+	return len(in.calls)
 }
 
 // notHeld describes an instance not killed that has yet to report the

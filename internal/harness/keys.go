@@ -14,17 +14,13 @@ import (
 func Keys(ctx context.Context, c redis.UniversalClient, prefix string, limit int) ([]string, error) {
 	var keys []string
 	err := forEachMaster(ctx, c, func(ctx context.Context, node *redis.Client) error {
-		iter := node.Scan(ctx, 0, globEscaper.Replace(prefix)+"*", 1000).Iterator()
-		for iter.Next(ctx) {
+		return scan(ctx, node, prefix, func(key string) bool {
 			if limit > 0 && len(keys) == limit {
-				return nil
+				return false
 			}
-			keys = append(keys, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			return fmt.Errorf("harness: SCAN %s: %w", node.Options().Addr, err)
-		}
-		return nil
+			keys = append(keys, key)
+			return true
+		})
 	})
 	return keys, err
 }
@@ -35,13 +31,12 @@ func Keys(ctx context.Context, c redis.UniversalClient, prefix string, limit int
 func Clean(ctx context.Context, c redis.UniversalClient, prefix string) (int, error) {
 	var deleted int
 	err := forEachMaster(ctx, c, func(ctx context.Context, node *redis.Client) error {
-		iter := node.Scan(ctx, 0, globEscaper.Replace(prefix)+"*", 1000).Iterator()
 		pipe := node.Pipeline()
-		for iter.Next(ctx) {
-			pipe.Unlink(ctx, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			return fmt.Errorf("harness: SCAN %s: %w", node.Options().Addr, err)
+		if err := scan(ctx, node, prefix, func(key string) bool {
+			pipe.Unlink(ctx, key)
+			return true
+		}); err != nil {
+			return err
 		}
 		if pipe.Len() == 0 {
 			return nil
@@ -56,6 +51,21 @@ func Clean(ctx context.Context, c redis.UniversalClient, prefix string) (int, er
 		return nil
 	})
 	return deleted, err
+}
+
+// scan calls each with the keys that start with prefix on node, by SCAN,
+// until each returns false.
+func scan(ctx context.Context, node *redis.Client, prefix string, each func(key string) bool) error {
+	iter := node.Scan(ctx, 0, globEscaper.Replace(prefix)+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		if !each(iter.Val()) {
+			return nil
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return fmt.Errorf("harness: SCAN %s: %w", node.Options().Addr, err)
+	}
+	return nil
 }
 
 // forEachMaster calls f with each master of a cluster client one after
