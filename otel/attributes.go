@@ -114,6 +114,11 @@ var errorTypes = []struct {
 // the sentinels it knows, as semconv's error.type asks.
 const ErrorTypeOther = "_OTHER"
 
+// errorTypePanic is the error.type of a decision whose Backend panicked:
+// what [ErrorType] gives a failpolicy.PanicError, and what a panic below
+// the decorator is counted as.
+const errorTypePanic = "panic"
+
 // ErrorType names the sentinel err wraps, for [AttrErrorType]:
 // "invalid_config", "invalid_plan", "invalid_key", "invalid_request", "key_rejected",
 // "wait_exceeds_deadline", "breaker_open", "timeout",
@@ -125,7 +130,7 @@ func ErrorType(err error) string {
 	}
 	var p *failpolicy.PanicError
 	if errors.As(err, &p) {
-		return "panic"
+		return errorTypePanic
 	}
 	for _, t := range errorTypes {
 		if errors.Is(err, t.err) {

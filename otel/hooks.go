@@ -153,7 +153,7 @@ func meter(c config) metric.Meter {
 
 // allErrorTypes lists every value [ErrorType] gives.
 func allErrorTypes() []string {
-	names := []string{ErrorTypeOther, "panic"}
+	names := []string{ErrorTypeOther, errorTypePanic}
 	for _, t := range errorTypes {
 		names = append(names, t.name)
 	}

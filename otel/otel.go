@@ -148,14 +148,22 @@ func (b *Backend) measured(ctx context.Context, key, class, route string, cfg ra
 	if timing {
 		start = time.Now()
 	}
+	// A panic in the next Backend goes on up, counted as an error.
+	done := false
+	defer func() {
+		if !done {
+			b.count(ctx, start, key, class, route, cfg, req, resError, errorTypePanic, counting, timing)
+		}
+	}()
 	d, err := b.next.Do(ctx, key, cfg, req)
-	b.count(ctx, start, key, class, route, cfg, req, d, err, counting, timing)
+	done = true
+	b.count(ctx, start, key, class, route, cfg, req, resultIndex(d, err), ErrorType(err), counting, timing)
 	return d, err
 }
 
-// count adds the decision to the instruments that are enabled.
-func (b *Backend) count(ctx context.Context, start time.Time, key, class, route string, cfg ratelimit.Config, req ratelimit.Request, d ratelimit.Decision, err error, counting, timing bool) {
-	res := resultIndex(d, err)
+// count adds a decision that ended in result res (an error of errType
+// for resError) to the instruments that are enabled.
+func (b *Backend) count(ctx context.Context, start time.Time, key, class, route string, cfg ratelimit.Config, req ratelimit.Request, res int, errType string, counting, timing bool) {
 	if timing {
 		b.inst.duration.Record(ctx, time.Since(start).Seconds(), b.inst.durationAttrs(req.Op, res)...)
 	}
@@ -166,7 +174,7 @@ func (b *Backend) count(ctx context.Context, start time.Time, key, class, route 
 		b.inst.rejected.add(class, route, key, time.Now())
 	}
 	b.inst.decisions.Add(ctx, 1, b.inst.decisionAttrs(decisionKey{
-		class: class, route: route, algorithm: cfg.Algorithm, op: req.Op, result: res, errType: ErrorType(err),
+		class: class, route: route, algorithm: cfg.Algorithm, op: req.Op, result: res, errType: errType,
 	})...)
 }
 
@@ -193,19 +201,21 @@ func (b *Backend) traced(ctx context.Context, key, class, route string, cfg rate
 	}
 	ctx, span := b.tracer.Start(ctx, spanNames[opIndex(req.Op)],
 		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
-	// A panic in the next Backend goes on up, but the span is ended.
+	// A panic in the next Backend goes on up, but the span is ended and
+	// the decision counted, as an error.
 	done := false
+	start := time.Now()
 	defer func() {
 		if !done {
+			b.count(ctx, start, key, class, route, cfg, req, resError, errorTypePanic, counting, timing)
 			span.SetStatus(codes.Error, "sluice: the Backend panicked")
-			span.SetAttributes(AttrErrorType.String("panic"))
+			span.SetAttributes(AttrResult.String(ResultError), AttrErrorType.String(errorTypePanic))
 			span.End()
 		}
 	}()
-	start := time.Now()
 	d, err := b.next.Do(ctx, key, cfg, req)
 	done = true
-	b.count(ctx, start, key, class, route, cfg, req, d, err, counting, timing)
+	b.count(ctx, start, key, class, route, cfg, req, resultIndex(d, err), ErrorType(err), counting, timing)
 	if err != nil {
 		span.SetStatus(codes.Error, errorDescription(err))
 		span.SetAttributes(AttrResult.String(ResultError), AttrErrorType.String(ErrorType(err)))

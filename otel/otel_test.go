@@ -410,22 +410,53 @@ func TestInvalidKeyIsAnError(t *testing.T) {
 	noRawKey(t, tel, tel.collect(t), secretKey)
 }
 
-// A panic in the wrapped Backend goes on up, and its span is ended.
-func TestPanicEndsTheSpan(t *testing.T) {
-	tel := newTelemetry(t)
-	b := sluiceotel.Wrap(panicking{}, tel.options()...)
-	ctx := tel.request(t)
-	func() {
-		defer func() {
-			if r := recover(); r != "boom" {
-				t.Errorf("recovered %v; want boom", r)
+// A panic in the wrapped Backend goes on up; its span is ended, and the
+// decision is counted and timed as an error of type panic, with a span or
+// without one.
+func TestPanicIsCounted(t *testing.T) {
+	for _, traced := range []bool{true, false} {
+		t.Run(fmt.Sprintf("traced=%v", traced), func(t *testing.T) {
+			tel := newTelemetry(t)
+			b := sluiceotel.Wrap(panicking{}, tel.options()...)
+			ctx := sluiceotel.ContextWithRoute(context.Background(), "/v1/search")
+			if traced {
+				ctx = tel.request(t)
 			}
-		}()
-		_, _ = b.Do(ctx, "k", hourly(), ratelimit.Request{Op: ratelimit.Consume, Tokens: 1})
-	}()
-	spans := tel.decisionSpans()
-	if len(spans) != 1 || spans[0].Status().Code != codes.Error || !slices.Contains(spans[0].Attributes(), sluiceotel.AttrErrorType.String("panic")) {
-		t.Fatalf("spans %v; want one ended with status Error and error.type panic", spans)
+			func() {
+				defer func() {
+					if r := recover(); r != "boom" {
+						t.Errorf("recovered %v; want boom", r)
+					}
+				}()
+				_, _ = b.Do(ctx, "cust-1", hourly(), ratelimit.Request{Op: ratelimit.Consume, Tokens: 1})
+			}()
+			spans := tel.decisionSpans()
+			if traced {
+				if len(spans) != 1 || spans[0].Status().Code != codes.Error ||
+					!slices.Contains(spans[0].Attributes(), sluiceotel.AttrErrorType.String("panic")) ||
+					!slices.Contains(spans[0].Attributes(), sluiceotel.AttrResult.String("error")) {
+					t.Fatalf("spans %v; want one ended with status Error, result error and error.type panic", spans)
+				}
+			} else if len(spans) != 0 {
+				t.Fatalf("spans %v; want none without a recording parent", spans)
+			}
+			rm := tel.collect(t)
+			wantCounts := map[string]int64{attrs(
+				sluiceotel.AttrOperation.String("Consume"),
+				sluiceotel.AttrAlgorithm.String("TokenBucket"),
+				sluiceotel.AttrKeyClass.String("customer"),
+				sluiceotel.AttrRoute.String("/v1/search"),
+				sluiceotel.AttrResult.String("error"),
+				sluiceotel.AttrErrorType.String("panic"),
+			): 1}
+			if got := sums(t, rm, sluiceotel.MetricDecisions); !maps(got, wantCounts) {
+				t.Errorf("%s = %v; want %v", sluiceotel.MetricDecisions, got, wantCounts)
+			}
+			wantDurations := map[string]uint64{attrs(sluiceotel.AttrOperation.String("Consume"), sluiceotel.AttrResult.String("error")): 1}
+			if got := histogramCounts(t, rm, sluiceotel.MetricDecisionDuration); !maps(got, wantDurations) {
+				t.Errorf("%s counts = %v; want %v", sluiceotel.MetricDecisionDuration, got, wantDurations)
+			}
+		})
 	}
 }
 
