@@ -1,7 +1,8 @@
 # sluice developer tasks. `make help` lists them.
 #
 # `make test` is what CI runs (through .ci/run): `lint` first, so unformatted
-# code or a vet/staticcheck finding fails the build, then every test with the
+# code, a go.work.sum that workspace mode would rewrite or a vet/staticcheck
+# finding fails the build, then every test with the
 # race detector, in the root, otel, demo and benchmarks modules (the
 # benchmarks module's tests check the report generator), then one pass of
 # each benchmark in the benchmarks module.
@@ -96,9 +97,12 @@ oncall: ## the on-call run of docs/observability.md: real Redis and Prometheus t
 	sh otel/internal/oncall/run.sh
 
 .PHONY: lint
-lint: $(STATICCHECK) ## gofmt (must list nothing), go vet and staticcheck, in every module
+lint: $(STATICCHECK) ## gofmt (must list nothing), a complete go.work.sum, go vet and staticcheck, in every module
 	@echo 'gofmt -l .'; unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt: these files need formatting (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
+	@echo 'go.work.sum holds every sum workspace mode needs'; before="$$(cat go.work.sum)"; \
+	GOWORK='$(CURDIR)/go.work' $(GO) list -m all >/dev/null; \
+	if [ "$$before" != "$$(cat go.work.sum)" ]; then echo "go.work.sum was incomplete: a go command in workspace mode (here go list -m all, which loads the whole module graph) added the lines git diff go.work.sum shows; commit them"; exit 1; fi
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	for mod in $(MODULES); do \
