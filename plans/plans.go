@@ -52,9 +52,10 @@ type Plan struct {
 	Name string
 	// Version orders the plan's revisions: a later revision has a higher
 	// version. A store draws plan and assignment versions from one
-	// increasing sequence, so that a subject's config version (see
-	// [Assignment.ConfigVersion]) never decreases, whether its plan is
-	// edited or it moves to another plan.
+	// increasing sequence, in the order the changes take effect, so that a
+	// subject's config version (see [Assignment.ConfigVersion]) never
+	// decreases, whether its plan is edited or it moves to another plan,
+	// and names one config (see [Store]).
 	Version uint64
 	// Algorithm and Bandwidths are the limits, as in [ratelimit.Config].
 	Algorithm  ratelimit.Algorithm
@@ -86,7 +87,12 @@ func (a Assignment) Config() ratelimit.Config {
 	return p.Config()
 }
 
-// Store reads plans. Implementations must be safe for concurrent use.
+// Store reads plans. Implementations must be safe for concurrent use, and
+// must version changes in the order they take effect: a Lookup that
+// returns config version V (see [Assignment.ConfigVersion]) sees every
+// change versioned below V, so that two lookups returning one config
+// version return one plan, on any replica. A bucket changes forward only,
+// by version; two configs at one version would convert it back and forth.
 type Store interface {
 	// Lookup returns subject's assignment and its plan, in one read. A
 	// subject with no plan is not an error: it is an Assignment whose

@@ -33,6 +33,23 @@
 // error from [Store.Lookup] for the subjects on that plan (naming the plan,
 // its version and the field), never a wrong limit and never a panic.
 //
+// # Versions
+//
+// Versions follow commit order. Every statement that writes either table
+// first takes one transaction-scoped advisory lock (the function
+// <schema>.lock_versions() takes it), and the transaction holds it until
+// it ends; versions are drawn only under it. A transaction thus draws
+// above every transaction that committed before it, and [Store.Lookup],
+// which reads the assignment and its plan in one statement, never finds
+// two configs at one config version, whichever replica reads when. The
+// cost: a transaction that writes a plan or an assignment and stays open
+// makes every other write wait until it ends ([Store.PutPlan],
+// [Store.Assign] and [Store.Unassign] until their context ends). Reads
+// never wait. Writers wait on the lock before they lock any row, so they
+// cannot deadlock; a hand-written transaction that locks rows
+// (SELECT ... FOR UPDATE) before its first write should call
+// <schema>.lock_versions() first.
+//
 // # Migrations
 //
 // Nothing changes the schema unless [Store.Migrate] is called. The steps

@@ -205,3 +205,74 @@ func TestMigrateSchemas(t *testing.T) {
 		t.Errorf("schema other sees c1 of schema sluice: %+v", got)
 	}
 }
+
+// commitOrderStep is the step that serialises writers, so that versions
+// follow commit order; schemas migrated by earlier releases have the steps
+// before it.
+const commitOrderStep = 3
+
+// TestMigrateUpgrades brings a schema that an earlier release migrated,
+// with plans and assignments in it, up to date: Migrate applies the later
+// steps, keeps the rows and their versions, and from then on a write
+// waits for an open transaction that wrote, and draws above it.
+func TestMigrateUpgrades(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.Postgres(t).Pool(t)
+	s, err := New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, s.cfg.expand(bookkeepingSQL)); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps[:commitOrderStep-1] {
+		if err := s.apply(ctx, conn.Conn(), st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Release()
+	pro := putPlan(t, s, proPlan())
+	v := assign(t, s, "c1", "pro")
+
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate of a schema at step %d: %v", commitOrderStep-1, err)
+	}
+	wantAllSteps(t, migrations(t, pool, "sluice"))
+	if got := lookup(t, s, "c1"); got.Version != v || got.Plan.Version != pro.Version {
+		t.Errorf("after the upgrade, Lookup = %+v; want c1 at version %d on pro at version %d, as before", got, v, pro.Version)
+	}
+
+	edit, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer edit.Rollback(ctx)
+	var edited int64
+	if err := edit.QueryRow(ctx, "UPDATE sluice.plans SET algorithm = 'GCRA' WHERE name = 'pro' RETURNING version").Scan(&edited); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var moved uint64
+	go func() {
+		var err error
+		moved, err = s.Unassign(ctx, "c1")
+		done <- err
+	}()
+	if returnedOrWaiting(t, pool, done) {
+		t.Fatalf("after the upgrade, Unassign returned (%v) while an edit was open: writers are not serialised", <-done)
+	}
+	if err := edit.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if moved <= uint64(edited) {
+		t.Errorf("Unassign drew version %d after an edit that committed first at %d", moved, edited)
+	}
+}

@@ -246,7 +246,9 @@ func (s *Store) Plan(ctx context.Context, name string) (plans.Plan, error) {
 // bandwidths, and returns it at the version the database gave it; p's own
 // Version is ignored. A plan that [plans.Plan.Validate] rejects is an
 // error wrapping [plans.ErrInvalidPlan], and nothing is written. Subjects
-// on the plan take the new revision on their next lookup.
+// on the plan take the new revision on their next lookup. While another
+// transaction that wrote a plan or an assignment is open, PutPlan waits for
+// it to end, or for ctx to (see Versions in the package doc).
 func (s *Store) PutPlan(ctx context.Context, p plans.Plan) (plans.Plan, error) {
 	// Validate wants a version, which only the write draws: check with the
 	// caller's when it is one, else with the first.
@@ -273,7 +275,8 @@ func (s *Store) PutPlan(ctx context.Context, p plans.Plan) (plans.Plan, error) {
 // assignment's new version. An unknown plan is an error wrapping
 // [ErrUnknownPlan], a bad subject one wrapping [ErrInvalidSubject]; either
 // way nothing is written. An empty plan is an error too: [Store.Unassign]
-// takes a subject off its plan.
+// takes a subject off its plan. Like [Store.PutPlan], Assign waits for an
+// open transaction that wrote.
 func (s *Store) Assign(ctx context.Context, subject, plan string) (uint64, error) {
 	if plan == "" {
 		return 0, fmt.Errorf("postgres: assign subject %q: empty plan name; Unassign takes a subject off its plan", subject)
@@ -284,6 +287,7 @@ func (s *Store) Assign(ctx context.Context, subject, plan string) (uint64, error
 // Unassign takes subject off its plan and returns the assignment's new
 // version. The row stays, with no plan, so that the subject's version
 // never decreases; a subject the store did not hold gets such a row too.
+// Like [Store.PutPlan], Unassign waits for an open transaction that wrote.
 func (s *Store) Unassign(ctx context.Context, subject string) (uint64, error) {
 	return s.place(ctx, subject, nil)
 }
