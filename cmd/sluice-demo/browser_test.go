@@ -70,6 +70,18 @@ func TestBrowser(t *testing.T) {
 		chromedp.Click(chromedp.ID("plan-submit")),
 		chromedp.WaitVisible(chromedp.CSS(`#plan-status[data-state="ok"]`)),
 	)
+	// The first edit of a plan is its revision 2, in the table, on its
+	// client's card and in the status line.
+	revision := evaluate[map[string]string](t, browser, `({
+		row: document.querySelector('#plans-body tr[data-plan="free"]').dataset.revision,
+		cell: document.querySelector('#plans-body tr[data-plan="free"] td:nth-child(2)').textContent,
+		card: document.querySelector('article[data-client="free"] .client-plan .revision').textContent,
+		status: document.querySelector("#plan-status").textContent,
+	})`)
+	if revision["row"] != "2" || revision["cell"] != "2" || revision["card"] != "revision 2" ||
+		!strings.Contains(revision["status"], "revision 2") {
+		t.Errorf("after the first edit of free: %v, want revision 2 in the table, the card and the status", revision)
+	}
 
 	step(t, browser, "fire a burst as the free tenant",
 		chromedp.Click(chromedp.CSS(`button[data-client="free"][data-action="burst"]`)),

@@ -43,7 +43,13 @@ var algorithms = []ratelimit.Algorithm{
 
 // planJSON is a plan as GET and PUT /api/plans answer it.
 type planJSON struct {
-	Name         string `json:"name"`
+	Name string `json:"name"`
+	// Revision counts the plan's revisions: 1 as the demo starts, 2 after
+	// the first edit.
+	Revision uint64 `json:"revision"`
+	// Version is the plan's version, which buckets compare (GET /api/hello
+	// answers it as plan_version). One counter draws the versions of every
+	// plan and assignment, so a plan's versions skip numbers.
 	Version      uint64 `json:"version"`
 	Subject      string `json:"subject"`
 	Algorithm    string `json:"algorithm"`
@@ -70,7 +76,7 @@ type errorJSON struct {
 // plans in store, which tells the plan cache, so a revision applies on the
 // next request.
 type planAPI struct {
-	store     *plans.MemoryStore
+	store     *revisionStore
 	storeKind string
 }
 
@@ -99,20 +105,21 @@ func (a planAPI) list(w http.ResponseWriter, r *http.Request) {
 
 // current reads p as the store holds it.
 func (a planAPI) current(r *http.Request, p demoPlan) (planJSON, error) {
-	asg, err := a.store.Lookup(r.Context(), p.subject)
+	asg, revision, err := a.store.lookup(r.Context(), p.subject)
 	if err != nil {
 		return planJSON{}, err
 	}
 	if asg.Plan.Name != p.name || len(asg.Plan.Bandwidths) != 1 {
 		return planJSON{}, fmt.Errorf("subject %q is not on plan %q", p.subject, p.name)
 	}
-	return toJSON(asg.Plan, p.subject), nil
+	return toJSON(asg.Plan, revision, p.subject), nil
 }
 
-func toJSON(p plans.Plan, subject string) planJSON {
+func toJSON(p plans.Plan, revision uint64, subject string) planJSON {
 	bw := p.Bandwidths[0]
 	return planJSON{
 		Name:         p.Name,
+		Revision:     revision,
 		Version:      p.Version,
 		Subject:      subject,
 		Algorithm:    p.Algorithm.String(),
@@ -158,12 +165,12 @@ func (a planAPI) put(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, errorJSON{Error: errs[0].Message, Field: errs[0].Field, Errors: errs})
 		return
 	}
-	plan, err := a.store.PutPlan(p.name, l.config(p.name))
+	plan, revision, err := a.store.revise(p.name, l.config(p.name))
 	if err != nil { // checkConfig accepted it, so this is not the caller's fault
 		writeJSON(w, http.StatusInternalServerError, errorJSON{Error: err.Error()})
 		return
 	}
-	writeJSON(w, http.StatusOK, toJSON(plan, p.subject))
+	writeJSON(w, http.StatusOK, toJSON(plan, revision, p.subject))
 }
 
 // parseLimit reads a limit from a JSON object of the plan fields, each

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -173,7 +174,7 @@ func TestPutPlanRevises(t *testing.T) {
 		t.Fatalf("PUT: %d %s", r.status, r.body)
 	}
 	want := planJSON{Name: "anonymous", Subject: "anonymous", Algorithm: "SlidingWindowLog",
-		Capacity: 3, RefillTokens: 3, RefillPeriod: "1m30s", Version: got.Version}
+		Capacity: 3, RefillTokens: 3, RefillPeriod: "1m30s", Revision: 2, Version: got.Version}
 	if got != want {
 		t.Errorf("PUT answered %+v, want %+v", got, want)
 	}
@@ -184,6 +185,47 @@ func TestPutPlanRevises(t *testing.T) {
 	}
 	if now := plansNow(t, srv).Plans[2]; now != got {
 		t.Errorf("GET /api/plans: %+v, want %+v", now, got)
+	}
+}
+
+// TestPlanRevisions: each plan counts its own revisions, while its version
+// comes from the counter of every plan and assignment, as the page's hint
+// says: the plans start at versions 1, 3 and 5, and the first edit takes 7.
+func TestPlanRevisions(t *testing.T) {
+	_, srv := newTestServer(t)
+	var versions []uint64
+	for _, p := range plansNow(t, srv).Plans {
+		if p.Revision != 1 {
+			t.Errorf("plan %s starts at revision %d, want 1", p.Name, p.Revision)
+		}
+		versions = append(versions, p.Version)
+	}
+	if want := []uint64{1, 3, 5}; !slices.Equal(versions, want) {
+		t.Errorf("the plans start at versions %v, want %v as the page says", versions, want)
+	}
+	for i, want := range []struct{ revision, version uint64 }{{2, 7}, {3, 8}} {
+		r := putPlan(t, srv, "free", plan("capacity", strconv.Itoa(20+i)))
+		var got planJSON
+		if err := json.Unmarshal([]byte(r.body), &got); r.status != http.StatusOK || err != nil {
+			t.Fatalf("PUT: %d %s", r.status, r.body)
+		}
+		if got.Revision != want.revision || got.Version != want.version {
+			t.Errorf("edit %d: revision %d at version %d, want revision %d at version %d", i+1, got.Revision, got.Version, want.revision, want.version)
+		}
+		if now := plansNow(t, srv).Plans[0]; now != got {
+			t.Errorf("GET /api/plans after edit %d: %+v, want %+v", i+1, now, got)
+		}
+	}
+	if pro := plansNow(t, srv).Plans[1]; pro.Revision != 1 {
+		t.Errorf("pro after edits of free: revision %d, want 1", pro.Revision)
+	}
+	page, err := webFiles.ReadFile("web/index.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(page)), " ")
+	if !strings.Contains(text, "start at versions 1, 3 and 5, and the first edit takes 7") {
+		t.Error("the page no longer says which versions the plans start at: update this test with it")
 	}
 }
 

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/httplimit"
@@ -63,12 +65,52 @@ var demoKeys = map[string]httplimit.Caller{
 	"demo-pro":  {Tenant: tenantPro, APIKey: "key-pro-1"},
 }
 
-// newPlanStore returns a store holding the demo plans, each with its
-// subject assigned.
-func newPlanStore() (*plans.MemoryStore, error) {
-	store := new(plans.MemoryStore)
+// revisionStore is the demo's plan store: a [plans.MemoryStore] that also
+// numbers each plan's revisions, 1 for the plan as the demo starts, for
+// the page. A plan's version does not count its revisions: one counter
+// versions every plan and assignment, so that a subject's config version
+// never goes back when it moves to another plan. The demo's plans start
+// at versions 1, 3 and 5 (their subjects' assignments take 2, 4 and 6),
+// and the first edit of any of them takes 7.
+type revisionStore struct {
+	*plans.MemoryStore
+	// mu orders revisions as the store orders versions, and reads a
+	// plan's revision with the plan.
+	mu        sync.Mutex
+	revisions map[string]uint64 // by plan name
+}
+
+// revise stores cfg as plan name's next revision, and returns the plan
+// and its revision number. A plan the store rejects changes nothing.
+func (s *revisionStore) revise(name string, cfg ratelimit.Config) (plans.Plan, uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := s.PutPlan(name, cfg)
+	if err != nil {
+		return plans.Plan{}, 0, err
+	}
+	s.revisions[name]++
+	return p, s.revisions[name], nil
+}
+
+// lookup returns subject's assignment, and the revision of its plan as
+// the store holds it.
+func (s *revisionStore) lookup(ctx context.Context, subject string) (plans.Assignment, uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, err := s.Lookup(ctx, subject)
+	if err != nil {
+		return plans.Assignment{}, 0, err
+	}
+	return a, s.revisions[a.Plan.Name], nil
+}
+
+// newPlanStore returns a store holding the demo plans, each at revision 1
+// with its subject assigned.
+func newPlanStore() (*revisionStore, error) {
+	store := &revisionStore{MemoryStore: new(plans.MemoryStore), revisions: make(map[string]uint64)}
 	for _, p := range demoPlans {
-		if _, err := store.PutPlan(p.name, p.limit.config(p.name)); err != nil {
+		if _, _, err := store.revise(p.name, p.limit.config(p.name)); err != nil {
 			return nil, fmt.Errorf("plan %q: %w", p.name, err)
 		}
 		if _, err := store.Assign(p.subject, p.name); err != nil {

@@ -432,12 +432,12 @@ function renderPlans(updated) {
   for (const p of state.plans.values()) {
     const tr = document.createElement("tr");
     tr.dataset.plan = p.name;
-    tr.dataset.version = p.version;
+    tr.dataset.revision = p.revision;
     if (p.name === updated) {
       tr.className = "updated";
       tr.addEventListener("animationend", () => tr.classList.remove("updated"), { once: true });
     }
-    for (const v of [p.name, "v" + p.version, p.algorithm, p.capacity, `+${p.refill_tokens} per ${p.refill_period}`]) {
+    for (const v of [p.name, p.revision, p.algorithm, p.capacity, `+${p.refill_tokens} per ${p.refill_period}`]) {
       const td = document.createElement("td");
       td.textContent = v;
       tr.append(td);
@@ -449,9 +449,9 @@ function renderPlans(updated) {
     const p = state.plans.get(c.def.plan);
     if (!p) continue;
     const line = $(".client-plan", c.card);
-    line.innerHTML = `Plan <strong></strong> <span class="version"></span><br><span class="limits"></span>`;
+    line.innerHTML = `Plan <strong></strong> <span class="revision"></span><br><span class="limits"></span>`;
     $("strong", line).textContent = p.name;
-    $(".version", line).textContent = "v" + p.version;
+    $(".revision", line).textContent = "revision " + p.revision;
     $(".limits", line).textContent = describe(p);
   }
 }
@@ -527,8 +527,8 @@ async function submitPlan(event) {
     renderPlans(data.name);
     status.className = "plan-status ok";
     status.dataset.state = "ok";
-    status.dataset.version = data.version;
-    status.textContent = `Plan ${data.name} is now v${data.version}: ${describe(data)}. Its clients' next request uses it.`;
+    status.dataset.revision = data.revision;
+    status.textContent = `Plan ${data.name} is now at revision ${data.revision}: ${describe(data)}. Its clients' next request uses it.`;
   } catch (err) {
     status.className = "plan-status failed";
     status.dataset.state = "failed";
