@@ -21,7 +21,7 @@ func Slot(prefix, key string) int {
 	case strings.ContainsAny(key, "{}%"):
 		key = tagEscaper.Replace(key)
 	}
-	return int(crc16(key)) % ratelimit.NumSlots
+	return int(CRC16(key)) % ratelimit.NumSlots
 }
 
 // KeySlot returns the hash slot of any Redis key, by Redis's rule: if the
@@ -35,12 +35,15 @@ func KeySlot(rkey string) int {
 			rkey = rkey[open+1 : open+1+n]
 		}
 	}
-	return int(crc16(rkey)) % ratelimit.NumSlots
+	return int(CRC16(rkey)) % ratelimit.NumSlots
 }
 
-// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0, no
-// reflection), the checksum Redis Cluster hashes keys with.
-func crc16(s string) uint16 {
+// CRC16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0, no
+// reflection, no final XOR), the checksum Redis Cluster hashes keys with:
+// a key's slot is its low 14 bits. It is linear: for strings u and v of
+// one length, CRC16 of their bytewise XOR is CRC16(u) ^ CRC16(v), which
+// is what lets the sharding package aim a sub-bucket's key at a slot.
+func CRC16(s string) uint16 {
 	var crc uint16
 	for i := 0; i < len(s); i++ {
 		crc = crc<<8 ^ crc16Table[byte(crc>>8)^s[i]]
@@ -48,7 +51,7 @@ func crc16(s string) uint16 {
 	return crc
 }
 
-// crc16Table holds crc16's remainder of each byte value.
+// crc16Table holds CRC16's remainder of each byte value.
 var crc16Table = func() (t [256]uint16) {
 	for i := range t {
 		crc := uint16(i) << 8
