@@ -162,8 +162,8 @@ func TestTokensBeyondShare(t *testing.T) {
 
 // TestBadInputFirst: on a hot key, a bad key, config or request is
 // CheckRequest's error, before any sub-bucket is touched and before the
-// context is looked at; a key too long to split is an ErrInvalidKey; and
-// a call whose context is done takes nothing.
+// context is looked at; the longest key passes; and a call whose context
+// is done takes nothing.
 func TestBadInputFirst(t *testing.T) {
 	rec := newRecorder(newMemory(t, newClock()))
 	b := mustNew(t, rec, Keys(4, "hot"), Prefix(4, "p:"))
@@ -208,14 +208,13 @@ func TestBadInputFirst(t *testing.T) {
 			}
 		})
 	}
-	t.Run("TooLongToSplit", func(t *testing.T) {
-		key := "p:" + strings.Repeat("x", maxHotKeyLen)
-		_, err := b.Do(context.Background(), key, good, consume(1))
-		if !isInvalidKey(err) || !strings.Contains(err.Error(), "too long to split") {
-			t.Errorf("%v; want ErrInvalidKey: too long to split", err)
+	t.Run("LongestKey", func(t *testing.T) {
+		key := long[:ratelimit.MaxKeyLen]
+		if d, err := b.Do(context.Background(), key, good, consume(1)); err != nil || !d.Allowed {
+			t.Errorf("Consume on a key of MaxKeyLen bytes: %+v, %v; want allowed", d, err)
 		}
-		if calls := rec.calls(); len(calls) != 0 {
-			t.Errorf("reached the backend: %q", calls)
+		if calls := rec.calls(); len(calls) != 1 || len(calls[0]) > ratelimit.MaxKeyLen {
+			t.Errorf("called the backend with %q; want one sub-key of at most MaxKeyLen bytes", calls)
 		}
 	})
 	t.Run("ContextDone", func(t *testing.T) {
@@ -253,8 +252,8 @@ func TestNewRefusesBadRules(t *testing.T) {
 		{"RetriesNegative", []Rule{Keys(4, "a").WithRetries(-1)}, "rule 0: WithRetries must be between 0 and n-1 (3), got -1"},
 		{"RetriesN", []Rule{ok, Prefix(2, "p"), Match(4, func(string) bool { return false }).WithRetries(4)}, "rule 2: WithRetries must be between 0 and n-1 (3), got 4"},
 		{"KeyEmpty", []Rule{Keys(4, "a", "")}, "rule 0: key 1: ratelimit: invalid key: sharding: the key is empty"},
-		{"KeyTooLong", []Rule{Keys(4, strings.Repeat("k", maxHotKeyLen+1))}, "rule 0: key 0: ratelimit: invalid key: sharding: key of 499 bytes is too long to split"},
-		{"PrefixTooLong", []Rule{Prefix(4, strings.Repeat("k", maxHotKeyLen+1))}, "rule 0: Prefix is 499 bytes; a hot key may have at most 498"},
+		{"KeyTooLong", []Rule{Keys(4, strings.Repeat("k", ratelimit.MaxKeyLen+1))}, "rule 0: key 0: ratelimit: invalid key: sharding: key of 513 bytes is longer than a key may be, 512"},
+		{"PrefixTooLong", []Rule{Prefix(4, strings.Repeat("k", ratelimit.MaxKeyLen+1))}, "rule 0: Prefix is 513 bytes; a key may have at most 512"},
 		{"KeyTwice", []Rule{ok, Keys(4, "a", "b", "a")}, `rule 1: Keys has key "a" twice`},
 		{"KeyInTwoRules", []Rule{Keys(4, "a"), ok, Keys(3, "b", "a")}, `rule 2: key "a" is rule 0's already`},
 		{"KeyLikeSubKey", []Rule{Keys(4, "a"), Keys(3, "b", "a\x001.4")}, `rule 1: key "a\x001.4" has the form of a sub-bucket's key of another hot key`},

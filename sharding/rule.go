@@ -88,23 +88,21 @@ func (r *Rule) check(i int) error {
 			return bad("key %d: %w", j, err)
 		}
 	}
-	if len(r.prefix) > maxHotKeyLen {
-		return bad("Prefix is %d bytes; a hot key may have at most %d", len(r.prefix), maxHotKeyLen)
+	if len(r.prefix) > ratelimit.MaxKeyLen {
+		return bad("Prefix is %d bytes; a key may have at most %d", len(r.prefix), ratelimit.MaxKeyLen)
 	}
 	return nil
 }
 
-// maxHotKeyLen is the longest key that can be split: its sub-keys must be
-// valid keys too.
-const maxHotKeyLen = ratelimit.MaxKeyLen - maxSuffix
-
-// checkKey returns what keeps key from being split, or nil.
+// checkKey returns what keeps key from being split, or nil: what keeps it
+// from being a bucket's key. Every key of 1 to MaxKeyLen bytes can be
+// split (see head).
 func checkKey(key string) error {
 	switch {
 	case key == "":
 		return fmt.Errorf("%w: sharding: the key is empty", ratelimit.ErrInvalidKey)
-	case len(key) > maxHotKeyLen:
-		return fmt.Errorf("%w: sharding: key of %d bytes is too long to split: its sub-buckets' keys add up to %d bytes to it, and a key may have %d, so a hot key at most %d", ratelimit.ErrInvalidKey, len(key), maxSuffix, ratelimit.MaxKeyLen, maxHotKeyLen)
+	case len(key) > ratelimit.MaxKeyLen:
+		return fmt.Errorf("%w: sharding: key of %d bytes is longer than a key may be, %d", ratelimit.ErrInvalidKey, len(key), ratelimit.MaxKeyLen)
 	}
 	return nil
 }

@@ -91,13 +91,21 @@
 // process agrees on them, and a failover or a resharding moves a
 // sub-bucket without renaming it (which would reset its counts). Changing
 // a rule's n renames them all: the new sub-buckets start full.
-// [Backend.Slots] shows where a hot key's sub-buckets live.
+// [Backend.Slots] shows where a hot key's sub-buckets live. A name is
+// found by solving for the bytes that put it on its slot, not by
+// searching: naming a new key's n sub-buckets costs a few hashes of the
+// key and the names' own bytes, O(n) for a key of a given length.
 //
 // A sub-bucket's key is the hot key, a NUL byte, and a suffix of digits
 // and dots; [Backend.Do] rejects a key of that form whose part before
 // its last NUL is a hot key, even one a rule matches too, with an error
 // wrapping [ratelimit.ErrInvalidKey] that changes nothing, so that no
-// caller can reach a sub-bucket but through its hot key.
+// caller can reach a sub-bucket but through its hot key. Every key of up
+// to [ratelimit.MaxKeyLen] bytes can be split: a key too long for its
+// sub-keys to hold it whole (over 499 bytes) has sub-keys that hold its
+// first 458 bytes, a NUL byte, and a suffix of digits and dots that
+// starts with a 40-digit digest of the whole key and a dot. Where a rule
+// may split such a key, Do rejects every key of that form too.
 //
 // # With failpolicy
 //
@@ -149,9 +157,13 @@ type Backend struct {
 	// keys that pass through skip the map by their length.
 	exactLens [ratelimit.MaxKeyLen/64 + 1]uint64
 	rules     []*Rule // the Prefix and Match rules, in order
-	namer     namer
-	splits    splitCache
-	hooks     Hooks
+	// cuts is set if a rule may split a key longer than maxWholeLen, whose
+	// sub-keys keep only its first cutLen bytes: isSubKey then rejects
+	// every key of their form.
+	cuts   bool
+	namer  namer
+	splits splitCache
+	hooks  Hooks
 }
 
 // hotKey is a Keys rule's key: its rule and its sub-keys, named once.
@@ -166,10 +178,10 @@ var _ ratelimit.Backend = (*Backend)(nil)
 // every other key to next; opts are the [Rule]s and [WithHooks]. A key
 // matched by a Keys rule is that rule's; any other, the first Prefix or
 // Match rule's that matches it, in the order given. A nil option or a bad
-// rule (no keys, n out of range, retries of n or more, a key too long to
-// split, a key in two Keys rules) is an error wrapping
-// [ratelimit.ErrInvalidConfig] that names it: "rule i" is the i-th rule,
-// counting rules only.
+// rule (no keys, n out of range, retries of n or more, a key that is empty
+// or longer than [ratelimit.MaxKeyLen], a key in two Keys rules) is an
+// error wrapping [ratelimit.ErrInvalidConfig] that names it: "rule i" is
+// the i-th rule, counting rules only.
 func New(next ratelimit.Backend, opts ...Option) (*Backend, error) {
 	if next == nil {
 		return nil, fmt.Errorf("%w: sharding: the next Backend is nil", ratelimit.ErrInvalidConfig)
@@ -213,6 +225,7 @@ func (b *Backend) addRules(rules []Rule) error {
 		}
 		if r.keys == nil {
 			b.rules = append(b.rules, r)
+			b.cuts = true
 			continue
 		}
 		if b.exact == nil {
@@ -228,6 +241,7 @@ func (b *Backend) addRules(rules []Rule) error {
 			owner[k] = i
 			b.exact[k] = hotKey{rule: r, names: b.namer.names(k, r.n, false)}
 			b.exactLens[len(k)/64] |= 1 << (len(k) % 64)
+			b.cuts = b.cuts || len(k) > maxWholeLen
 		}
 	}
 	for i, r := range rules {
@@ -241,7 +255,8 @@ func (b *Backend) addRules(rules []Rule) error {
 }
 
 // hot returns the rule that splits key and its sub-keys, or a nil rule.
-// The sub-keys are nil for a key too long to split.
+// The sub-keys are nil for a key that is no bucket's (empty, or longer
+// than MaxKeyLen).
 func (b *Backend) hot(key string) (*Rule, []string) {
 	if h, ok := b.exactKey(key); ok {
 		return h.rule, h.names
@@ -311,14 +326,11 @@ func (b *Backend) reject(key string, cfg ratelimit.Config, req ratelimit.Request
 }
 
 // split applies req to the hot key's sub-buckets; names are its
-// sub-keys, nil if it is too long to split. It is apart from Do so that
-// a key passing through pays for none of its frame.
+// sub-keys, which every key CheckRequest passes has. It is apart from Do
+// so that a key passing through pays for none of its frame.
 func (b *Backend) split(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request, r *Rule, names []string) (ratelimit.Decision, error) {
 	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
 		return ratelimit.Decision{}, err
-	}
-	if names == nil {
-		return ratelimit.Decision{}, checkKey(key)
 	}
 	c := &call{b: b, ctx: ctx, key: key, cfg: cfg, req: req, rule: r}
 	c.n = parts(cfg, r.n)
@@ -341,12 +353,18 @@ func (b *Backend) split(ctx context.Context, key string, cfg ratelimit.Config, r
 }
 
 // isSubKey reports whether key has the form of a hot key's sub-key: a
-// key a rule splits, sep, and a suffix of digits and dots. Such a key is
-// never split or passed on, even if a rule matches it too, so that no
-// call reaches a sub-bucket but through its hot key.
+// key a rule splits, sep, and a suffix of digits and dots; or, where a
+// rule may split a key too long to keep whole, cutLen bytes, sep, and a
+// suffix of digits and dots that starts with digestLen digits and a dot
+// (whether a rule splits a key with those first bytes cannot be told).
+// Such a key is never split or passed on, even if a rule matches it too,
+// so that no call reaches a sub-bucket but through its hot key.
 func (b *Backend) isSubKey(key string) bool {
 	i := strings.LastIndexByte(key, sep[0])
-	return i >= 0 && isSuffix(key[i+1:]) && b.ruleOf(key[:i]) != nil
+	if i < 0 || !isSuffix(key[i+1:]) {
+		return false
+	}
+	return b.cuts && i == cutLen && strings.IndexByte(key[i+1:], '.') == digestLen || b.ruleOf(key[:i]) != nil
 }
 
 // isSuffix reports whether s is digits and dots, as a sub-key's suffix is.
