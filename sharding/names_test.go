@@ -400,6 +400,9 @@ func FuzzNames(f *testing.F) {
 		all := Match(n, func(string) bool { return true })
 		b1, b2 := mustNew(t, slotted{}, all), mustNew(t, slotted{}, all)
 		if key == "" || len(key) > ratelimit.MaxKeyLen || b1.isSubKey(key) {
+			if _, err := b1.Slots(context.Background(), key); !isInvalidKey(err) {
+				t.Fatalf("Slots of %q: %v; want ErrInvalidKey", key, err)
+			}
 			return
 		}
 		names := subKeys(t, b1, key)

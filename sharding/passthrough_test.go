@@ -82,8 +82,8 @@ func TestPassThroughAllocs(t *testing.T) {
 
 // TestSubKeysRejected: a key of the form hot key, NUL, digits and dots is
 // an error wrapping ErrInvalidKey, and changes nothing, whichever rule
-// makes its head hot, and even when a rule matches the whole key too. Bad
-// input is still CheckRequest's error first.
+// makes its head hot, and even when a rule matches the whole key too; so
+// is Slots of it. Bad input is still CheckRequest's error first.
 func TestSubKeysRejected(t *testing.T) {
 	cfg := config(ratelimit.PerHour(12))
 	for _, slots := range []bool{false, true} {
@@ -110,6 +110,9 @@ func TestSubKeysRejected(t *testing.T) {
 				if !isInvalidKey(err) || !strings.Contains(err.Error(), "names a sub-bucket of a hot key") {
 					t.Errorf("slots %v: %v on %q: %v; want ErrInvalidKey: names a sub-bucket", slots, req.Op, key, err)
 				}
+			}
+			if subs, err := b.Slots(context.Background(), key); !isInvalidKey(err) || subs != nil {
+				t.Errorf("slots %v: Slots(%q): %v, %v; want ErrInvalidKey", slots, key, subs, err)
 			}
 			bad := config(ratelimit.PerHour(0))
 			if _, err := b.Do(context.Background(), key, bad, consume(1)); err == nil || err.Error() != ratelimit.CheckRequest(key, bad, consume(1)).Error() {

@@ -322,7 +322,12 @@ func (b *Backend) reject(key string, cfg ratelimit.Config, req ratelimit.Request
 	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	return ratelimit.Decision{}, fmt.Errorf("%w: sharding: key %q names a sub-bucket of a hot key", ratelimit.ErrInvalidKey, key)
+	return ratelimit.Decision{}, subKeyError(key)
+}
+
+// subKeyError is the error for a key of a sub-bucket's form.
+func subKeyError(key string) error {
+	return fmt.Errorf("%w: sharding: key %q names a sub-bucket of a hot key", ratelimit.ErrInvalidKey, key)
 }
 
 // split applies req to the hot key's sub-buckets; names are its

@@ -25,10 +25,14 @@ type SubBucket struct {
 // its key, its slot and the master that serves it now, asking the
 // wrapped Backend's [ratelimit.TopologyReporter] for the masters. It
 // lists all the sub-buckets of key's rule; a config with fewer tokens
-// than that uses only the first ones. A key no rule matches is an error
-// wrapping [ratelimit.ErrInvalidKey]; the masters' errors are returned as
-// they are, but for [errors.ErrUnsupported], which leaves Master empty.
+// than that uses only the first ones. A key no rule matches, or one that
+// [Backend.Do] rejects as a sub-bucket's, is an error wrapping
+// [ratelimit.ErrInvalidKey]; the masters' errors are returned as they are,
+// but for [errors.ErrUnsupported], which leaves Master empty.
 func (b *Backend) Slots(ctx context.Context, key string) ([]SubBucket, error) {
+	if b.isSubKey(key) {
+		return nil, subKeyError(key)
+	}
 	r, names := b.hot(key)
 	if r == nil {
 		return nil, fmt.Errorf("%w: sharding: key %q is not split by any rule", ratelimit.ErrInvalidKey, key)
