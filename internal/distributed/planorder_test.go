@@ -2,11 +2,9 @@ package distributed_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 
@@ -68,7 +66,7 @@ func TestPlanEditCommitOrderIntegration(t *testing.T) {
 		_, err := store.Assign(ctx, subject, "pro")
 		assigned <- err
 	}()
-	returned := returnedOrWaiting(t, pool, assigned)
+	returned := testkit.ReturnedOrWaiting(t, pool, assigned)
 	t.Logf("while the edit is open, Assign has returned: %v (else it waits for a lock)", returned)
 
 	early := replica(t, db)
@@ -146,34 +144,4 @@ func replica(t *testing.T, db *testkit.PGDatabase) *plans.Cache {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// returnedOrWaiting waits until a call on db has sent its result on done,
-// and then puts it back, or until a session of db waits for a lock. It
-// reports whether the call returned. The test's database is its own, so
-// any session waiting there is the call's.
-func returnedOrWaiting(t *testing.T, pool *pgxpool.Pool, done chan error) bool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for {
-		select {
-		case err := <-done:
-			done <- err
-			return true
-		default:
-		}
-		var waiting bool
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
-		switch {
-		case errors.Is(err, context.DeadlineExceeded):
-			t.Fatal("the call neither returned nor waited for a lock")
-		case err != nil:
-			t.Fatal(err)
-		case waiting:
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
 }

@@ -597,3 +597,36 @@ func (s *PGServer) logTail(from int64) string {
 	lines := strings.SplitAfter(string(b[min(from, int64(len(b))):]), "\n")
 	return strings.Join(lines[max(0, len(lines)-logTailLines):], "")
 }
+
+// ReturnedOrWaiting waits until a call has sent its result on done, and
+// then puts it back, or until a session of pool's database waits for a
+// lock; it reports whether the call returned. It is the barrier of a test
+// whose call may either finish or block on a lock another transaction of
+// the test holds, with no sleep deciding which. The database must be the
+// test's own (as [Postgres] gives), so that a session waiting there is
+// the test's. It fails t if neither happens within a minute.
+func ReturnedOrWaiting(t testing.TB, pool *pgxpool.Pool, done chan error) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		select {
+		case err := <-done:
+			done <- err
+			return true
+		default:
+		}
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			t.Fatal("the call neither returned nor waited for a lock")
+		case err != nil:
+			t.Fatal(err)
+		case waiting:
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -263,7 +263,7 @@ func TestMigrateUpgrades(t *testing.T) {
 		moved, err = s.Unassign(ctx, "c1")
 		done <- err
 	}()
-	if returnedOrWaiting(t, pool, done) {
+	if testkit.ReturnedOrWaiting(t, pool, done) {
 		t.Fatalf("after the upgrade, Unassign returned (%v) while an edit was open: writers are not serialised", <-done)
 	}
 	if err := edit.Commit(ctx); err != nil {

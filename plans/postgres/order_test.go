@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -19,36 +18,6 @@ import (
 	"github.com/sluicehq/sluice/plans"
 	"github.com/sluicehq/sluice/ratelimit"
 )
-
-// returnedOrWaiting waits until a call has sent its result on done, and
-// then puts it back, or until a session of pool's database waits for a
-// lock. It reports whether the call returned. Each test's database is its
-// own, so a session waiting there is one of the test's.
-func returnedOrWaiting(t testing.TB, pool *pgxpool.Pool, done chan error) bool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	for {
-		select {
-		case err := <-done:
-			done <- err
-			return true
-		default:
-		}
-		var waiting bool
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
-		switch {
-		case errors.Is(err, context.DeadlineExceeded):
-			t.Fatal("the call neither returned nor waited for a lock")
-		case err != nil:
-			t.Fatal(err)
-		case waiting:
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
 
 // TestWritersSerialised: while a transaction that wrote a plan or an
 // assignment is open, the store's writes wait for it, whatever it wrote,
@@ -98,7 +67,7 @@ func TestWritersSerialised(t *testing.T) {
 			openTop := queryInt(t, pool, "SELECT last_value FROM sluice.version_seq")
 			done := make(chan error, 1)
 			go func() { done <- tt.write(s) }()
-			if returnedOrWaiting(t, pool, done) {
+			if testkit.ReturnedOrWaiting(t, pool, done) {
 				t.Fatalf("the write returned (%v) while a transaction that wrote was open", <-done)
 			}
 			if got := lookup(t, s, "c1"); got.Plan.Name != "pro" {
