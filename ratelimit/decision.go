@@ -24,6 +24,13 @@ type Decision struct {
 	RetryAfter time.Duration
 	// ResetAfter is the time until every bandwidth is full again.
 	ResetAfter time.Duration
+	// RefillAfter is the time until the binding bandwidth holds more than
+	// Remaining whole tokens, if nothing is taken meanwhile: when its next
+	// token arrives, or, for the window algorithms, when the next request
+	// it counts leaves its window. It is 0 when that bandwidth is full or
+	// the decision names none, and otherwise exact to the microsecond,
+	// never rounded down. For a denial of one token it is RetryAfter.
+	RefillAfter time.Duration
 	// Bandwidth is the ID of the binding bandwidth, or its index when it has
 	// none. When allowed, the binding bandwidth is the one with the fewest
 	// tokens left; when not, the one that needs the longest to refill.

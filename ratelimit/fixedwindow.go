@@ -107,15 +107,20 @@ type windowMeter struct {
 // empties when that window ends.
 func (m windowMeter) wait(n int64) (wait int64, slowest int) {
 	for i := range m.bws {
-		st := &m.s.Bands[i]
-		if st.Level+n <= m.bws[i].Capacity {
-			continue
-		}
-		if w := windowEnd(&m.bws[i], st) - m.now; w > wait {
+		if w := windowWait(&m.bws[i], &m.s.Bands[i], n, m.now); w > wait {
 			wait, slowest = w, i
 		}
 	}
 	return wait, slowest
+}
+
+// windowWait is the µs until st has room for n more requests: 0 if it has,
+// else the end of its window (n is at most its capacity).
+func windowWait(b *Bandwidth, st *BandState, n, now int64) int64 {
+	if st.Level+n <= b.Capacity {
+		return 0
+	}
+	return windowEnd(b, st) - now
 }
 
 // room is how many more requests every bandwidth admits now.
@@ -142,23 +147,24 @@ func (m windowMeter) take(n int64) {
 func (windowMeter) lend(int64) bool { return false }
 
 // settleWindows completes d as settle does for a token bucket: Limit,
-// Remaining and Bandwidth of the binding bandwidth (the one with the
-// fewest requests left when binding is -1), ResetAfter (when the last
-// window ends); and records when s expires.
+// Remaining, Bandwidth and RefillAfter of the binding bandwidth (the one
+// with the fewest requests left when binding is -1), ResetAfter (when the
+// last window ends); and records when s expires.
 func (s *State) settleWindows(d *Decision, bws []Bandwidth, binding int, now int64) {
 	var resetAfter int64
-	least := int64(math.MaxInt64)
+	b, least := binding, int64(math.MaxInt64)
 	for i := range bws {
 		st := &s.Bands[i]
 		if left := bws[i].Capacity - st.Level; binding < 0 && left < least {
-			least, d.Limit, d.Remaining, d.Bandwidth = left, bws[i].Capacity, left, bandName(bws, i)
+			b, least = i, left
 		}
 		if st.Level > 0 {
 			resetAfter = max(resetAfter, windowEnd(&bws[i], st)-now)
 		}
 	}
-	if binding >= 0 {
-		d.Limit, d.Remaining, d.Bandwidth = bws[binding].Capacity, bws[binding].Capacity-s.Bands[binding].Level, bandName(bws, binding)
+	d.Limit, d.Remaining, d.Bandwidth = bws[b].Capacity, bws[b].Capacity-s.Bands[b].Level, bandName(bws, b)
+	if d.Remaining < d.Limit {
+		d.RefillAfter = micros(windowWait(&bws[b], &s.Bands[b], d.Remaining+1, now))
 	}
 	d.ResetAfter = micros(resetAfter)
 	s.ExpiresAt = now + resetAfter

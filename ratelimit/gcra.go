@@ -227,25 +227,26 @@ func (m tatMeter) lend(n int64) bool {
 	return true
 }
 
-// settleTATs completes d with Limit, Remaining and Bandwidth of the
-// binding bandwidth (the one with the fewest tokens left when binding is
-// -1) and ResetAfter, the time until every bandwidth is full; and records
-// when s expires: then, plus the time a new bucket takes to fill
-// (ExpiresAt's warm-up).
+// settleTATs completes d with Limit, Remaining, Bandwidth and RefillAfter
+// of the binding bandwidth (the one with the fewest tokens left when
+// binding is -1) and ResetAfter, the time until every bandwidth is full;
+// and records when s expires: then, plus the time a new bucket takes to
+// fill (ExpiresAt's warm-up).
 func (s *State) settleTATs(d *Decision, bws []Bandwidth, binding int, now int64) {
 	var resetAfter, warmup int64
-	least := int64(math.MaxInt64)
+	b, least := binding, int64(math.MaxInt64)
 	for i := range s.Bands {
 		st := &s.Bands[i]
 		if r := tatRemaining(st, now); binding < 0 && r < least {
-			least, d.Limit, d.Remaining, d.Bandwidth = r, st.Capacity, r, bandName(bws, i)
+			b, least = i, r
 		}
 		resetAfter = max(resetAfter, tatWait(st, st.Capacity, now))
 		warmup = max(warmup, ceilDiv((st.Capacity-bws[i].Initial())*st.Scale, st.Rate))
 	}
-	if binding >= 0 {
-		st := &s.Bands[binding]
-		d.Limit, d.Remaining, d.Bandwidth = st.Capacity, tatRemaining(st, now), bandName(bws, binding)
+	st := &s.Bands[b]
+	d.Limit, d.Remaining, d.Bandwidth = st.Capacity, tatRemaining(st, now), bandName(bws, b)
+	if d.Remaining < d.Limit {
+		d.RefillAfter = micros(tatWait(st, d.Remaining+1, now))
 	}
 	d.ResetAfter = micros(resetAfter)
 	s.ExpiresAt = now + resetAfter + warmup

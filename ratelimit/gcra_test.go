@@ -579,6 +579,9 @@ func (m *gcraModel) apply(cfg Config, req Request, now int64) Decision {
 	}
 	b := &m.bands[binding]
 	d.Limit, d.Remaining, d.Bandwidth = b.bw.Capacity, b.remaining(now), cfg.BandwidthName(binding)
+	if d.Remaining < d.Limit {
+		d.RefillAfter = micros(b.wait(d.Remaining+1, now))
+	}
 	d.ResetAfter = micros(reset)
 	m.expires = now + reset + warmup
 	return d
@@ -607,13 +610,16 @@ func (m *gcraModel) convert(cfg Config, strategy Inheritance, now int64) {
 // wait is the µs until every bandwidth conforms n tokens, and the slowest.
 func (m *gcraModel) wait(n, now int64) (wait int64, slowest int) {
 	for i := range m.bands {
-		b := &m.bands[i]
-		late := gcraAdd(b.ahead(now), gcraMul(gcraRat(n-b.bw.Capacity), b.t))
-		if w := gcraCeil(late); w > wait {
+		if w := m.bands[i].wait(n, now); w > wait {
 			wait, slowest = w, i
 		}
 	}
 	return wait, slowest
+}
+
+// wait is the µs until b conforms n tokens; 0 if it does.
+func (b *gcraModelBand) wait(n, now int64) int64 {
+	return max(0, gcraCeil(gcraAdd(b.ahead(now), gcraMul(gcraRat(n-b.bw.Capacity), b.t))))
 }
 
 func (m *gcraModel) withinHorizon(n, now int64) bool {

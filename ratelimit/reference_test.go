@@ -222,13 +222,15 @@ func (m *refBucket) take(n int64) {
 func (m *refBucket) decision(allowed bool) Decision {
 	d := Decision{Allowed: allowed}
 	var reset int64
+	binding := 0
 	for i := range m.bands {
 		b := &m.bands[i]
-		if left := max(0, b.whole()); i == 0 || left < d.Remaining {
-			d.Limit, d.Remaining, d.Bandwidth = b.bw.Capacity, left, m.name(i)
+		if max(0, b.whole()) < max(0, m.bands[binding].whole()) {
+			binding = i
 		}
 		reset = max(reset, b.timeTo(b.bw.Capacity, m.now))
 	}
+	m.bind(&d, binding)
 	d.ResetAfter = time.Duration(reset) * time.Microsecond
 	return d
 }
@@ -237,8 +239,18 @@ func (m *refBucket) decision(allowed bool) Decision {
 func (m *refBucket) denial(wait int64, i int) Decision {
 	d := m.decision(false)
 	d.RetryAfter = time.Duration(wait) * time.Microsecond
-	d.Limit, d.Remaining, d.Bandwidth = m.bands[i].bw.Capacity, max(0, m.bands[i].whole()), m.name(i)
+	m.bind(&d, i)
 	return d
+}
+
+// bind makes band i the binding one of d: its capacity, whole tokens left,
+// name, and the wait until it holds one more.
+func (m *refBucket) bind(d *Decision, i int) {
+	b := &m.bands[i]
+	d.Limit, d.Remaining, d.Bandwidth, d.RefillAfter = b.bw.Capacity, max(0, b.whole()), m.name(i), 0
+	if d.Remaining < d.Limit {
+		d.RefillAfter = time.Duration(b.timeTo(d.Remaining+1, m.now)) * time.Microsecond
+	}
 }
 
 func (m *refBucket) name(i int) string {

@@ -190,22 +190,24 @@ func counterEmptyAt(st *BandState) int64 {
 	return 0
 }
 
-// counterSettle completes d from the state as it now is: Limit, Remaining
-// and Bandwidth of the binding bandwidth (the one with the fewest requests
-// left when binding is -1), and ResetAfter; and records when s expires.
+// counterSettle completes d from the state as it now is: Limit,
+// Remaining, Bandwidth and RefillAfter of the binding bandwidth (the one
+// with the fewest requests left when binding is -1), and ResetAfter; and
+// records when s expires.
 func counterSettle(s *State, d *Decision, bws []Bandwidth, binding int, now int64) {
 	expires := now
-	least := int64(math.MaxInt64)
+	b, least := binding, int64(math.MaxInt64)
 	for i := range s.Bands {
 		st := &s.Bands[i]
 		if r := counterRoom(st, now); binding < 0 && r < least {
-			least, d.Limit, d.Remaining, d.Bandwidth = r, st.Capacity, r, bandName(bws, i)
+			b, least = i, r
 		}
 		expires = max(expires, counterEmptyAt(st))
 	}
-	if binding >= 0 {
-		st := &s.Bands[binding]
-		d.Limit, d.Remaining, d.Bandwidth = st.Capacity, counterRoom(st, now), bandName(bws, binding)
+	st := &s.Bands[b]
+	d.Limit, d.Remaining, d.Bandwidth = st.Capacity, counterRoom(st, now), bandName(bws, b)
+	if d.Remaining < d.Limit {
+		d.RefillAfter = micros(counterDue(st, d.Remaining+1, now) - now)
 	}
 	d.ResetAfter = micros(expires - now)
 	s.ExpiresAt = expires

@@ -343,6 +343,9 @@ func (m *counterModel) apply(req Request, t int64) Decision {
 		}
 	}
 	d.Limit, d.Remaining, d.Bandwidth = m.cfg.Bandwidths[binding].Capacity, m.room(binding, t), bandName(m.cfg.Bandwidths, binding)
+	if d.Remaining < d.Limit {
+		d.RefillAfter = time.Duration(m.due(binding, d.Remaining+1, t)-t) * us
+	}
 	full := t
 	for !m.full(full) {
 		full++

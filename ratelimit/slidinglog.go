@@ -130,16 +130,21 @@ type logMeter struct {
 // that is W after the k-th of them, the log's entry at len − c + k − 1.
 func (m logMeter) wait(n int64) (wait int64, slowest int) {
 	for i := range m.bws {
-		b := &m.bws[i]
-		if m.counts[i]+n <= b.Capacity {
-			continue
-		}
-		kth := m.s.Log[int64(len(m.s.Log))+n-1-b.Capacity]
-		if w := kth + b.PeriodMicros() - m.now; w > wait {
+		if w := m.s.logWait(&m.bws[i], m.counts[i], n, m.now); w > wait {
 			wait, slowest = w, i
 		}
 	}
 	return wait, slowest
+}
+
+// logWait is the µs until a bandwidth b whose window holds c of the log's
+// entries can take n, as logMeter.wait says.
+func (s *State) logWait(b *Bandwidth, c, n, now int64) int64 {
+	if c+n <= b.Capacity {
+		return 0
+	}
+	kth := s.Log[int64(len(s.Log))+n-1-b.Capacity]
+	return kth + b.PeriodMicros() - now
 }
 
 // room is the most tokens every bandwidth can still take: 0 if one is at
@@ -167,9 +172,10 @@ func (m logMeter) take(n int64) {
 func (logMeter) lend(int64) bool { return false }
 
 // settleLog completes d as settle does for a token bucket: the binding
-// bandwidth (the one with the fewest requests left when binding is -1),
-// and ResetAfter, the time until every window is empty, which is the
-// newest entry's time plus the longest period; and records when s expires.
+// bandwidth (the one with the fewest requests left when binding is -1)
+// and its RefillAfter, and ResetAfter, the time until every window is
+// empty, which is the newest entry's time plus the longest period; and
+// records when s expires.
 func (s *State) settleLog(d *Decision, counts *logCounts, bws []Bandwidth, binding int, longest, now int64) {
 	if binding < 0 {
 		least := int64(MaxLogCapacity + 1)
@@ -180,6 +186,9 @@ func (s *State) settleLog(d *Decision, counts *logCounts, bws []Bandwidth, bindi
 		}
 	}
 	d.Limit, d.Remaining, d.Bandwidth = bws[binding].Capacity, max(0, bws[binding].Capacity-counts[binding]), bandName(bws, binding)
+	if d.Remaining < d.Limit {
+		d.RefillAfter = micros(s.logWait(&bws[binding], counts[binding], d.Remaining+1, now))
+	}
 	s.ExpiresAt = now
 	if len(s.Log) > 0 {
 		s.ExpiresAt = s.Log[len(s.Log)-1] + longest

@@ -328,7 +328,10 @@ func (m *logModel) apply(cfg Config, req Request, now int64) Decision {
 	for i, b := range cfg.Bandwidths {
 		left := max(0, b.Capacity-m.inWindow(b, now))
 		if i == binding || binding < 0 && (i == 0 || left < d.Remaining) {
-			d.Limit, d.Remaining, d.Bandwidth = b.Capacity, left, bandName(cfg.Bandwidths, i)
+			d.Limit, d.Remaining, d.Bandwidth, d.RefillAfter = b.Capacity, left, bandName(cfg.Bandwidths, i), 0
+			if left < b.Capacity {
+				d.RefillAfter = time.Duration(m.waitOf(b, left+1, now)) * us
+			}
 		}
 	}
 	var reset int64

@@ -170,12 +170,17 @@ func minLevel(b *Bandwidth, st *BandState) int64 {
 // of the bandwidth that takes longest.
 func (s *State) waitFor(bws []Bandwidth, n, now int64) (wait int64, slowest int) {
 	for i := range bws {
-		st := &s.Bands[i]
-		if w := timeTo(&bws[i], st, n*st.Scale, now); w > wait {
+		if w := s.bandWait(bws, i, n, now); w > wait {
 			wait, slowest = w, i
 		}
 	}
 	return wait, slowest
+}
+
+// bandWait returns the µs until bandwidth i holds n tokens.
+func (s *State) bandWait(bws []Bandwidth, i int, n, now int64) int64 {
+	st := &s.Bands[i]
+	return timeTo(&bws[i], st, n*st.Scale, now)
 }
 
 // canLend reports whether n tokens may be taken on credit: within every
@@ -212,22 +217,24 @@ func remaining(st *BandState) int64 {
 	return st.Level / st.Scale
 }
 
-// settle completes d from the state as it now is: Limit, Remaining and
-// Bandwidth of the binding bandwidth (the one with the fewest tokens left
-// when binding is -1), and ResetAfter; and records when s expires.
+// settle completes d from the state as it now is: Limit, Remaining,
+// Bandwidth and RefillAfter of the binding bandwidth (the one with the
+// fewest tokens left when binding is -1), and ResetAfter; and records when
+// s expires.
 func (s *State) settle(d *Decision, bws []Bandwidth, binding int, now int64) {
 	var resetAfter int64
-	least := int64(math.MaxInt64)
+	b, least := binding, int64(math.MaxInt64)
 	for i := range bws {
 		st := &s.Bands[i]
 		if r := remaining(st); binding < 0 && r < least {
-			least, d.Limit, d.Remaining, d.Bandwidth = r, st.Capacity, r, bandName(bws, i)
+			b, least = i, r
 		}
 		resetAfter = max(resetAfter, timeTo(&bws[i], st, st.Capacity*st.Scale, now))
 	}
-	if binding >= 0 {
-		st := &s.Bands[binding]
-		d.Limit, d.Remaining, d.Bandwidth = st.Capacity, remaining(st), bandName(bws, binding)
+	st := &s.Bands[b]
+	d.Limit, d.Remaining, d.Bandwidth = st.Capacity, remaining(st), bandName(bws, b)
+	if d.Remaining < d.Limit {
+		d.RefillAfter = micros(s.bandWait(bws, b, d.Remaining+1, now))
 	}
 	d.ResetAfter = micros(resetAfter)
 	s.ExpiresAt = now + resetAfter + s.warmup(bws, now)

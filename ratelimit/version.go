@@ -48,10 +48,11 @@ func (c Config) accepts(caller *Config, req Request) bool {
 // the bucket's config: denied, taking nothing.
 func staleDenial(caller *Config) Decision {
 	return Decision{
-		Limit:      caller.Bandwidths[0].Capacity,
-		RetryAfter: StaleRetry,
-		ResetAfter: StaleRetry,
-		Bandwidth:  bandName(caller.Bandwidths, 0),
+		Limit:       caller.Bandwidths[0].Capacity,
+		RetryAfter:  StaleRetry,
+		ResetAfter:  StaleRetry,
+		RefillAfter: StaleRetry,
+		Bandwidth:   bandName(caller.Bandwidths, 0),
 	}
 }
 

@@ -118,7 +118,7 @@ func TestConsumeUpTo(t *testing.T) {
 			t.Fatalf("ConsumeUpTo(100), every sub-bucket: %+v; want all 8", d)
 		}
 		d := do(t, e.b, "hot", cfg, upTo(1))
-		want := ratelimit.Decision{Limit: 8, RetryAfter: 30 * time.Minute, ResetAfter: time.Hour, Bandwidth: "0"}
+		want := ratelimit.Decision{Limit: 8, RetryAfter: 30 * time.Minute, ResetAfter: time.Hour, RefillAfter: 30 * time.Minute, Bandwidth: "0"}
 		if d != want {
 			t.Errorf("ConsumeUpTo(1) of an empty key: %+v; want %+v", d, want)
 		}
@@ -172,7 +172,9 @@ func TestResetReplaceInspect(t *testing.T) {
 	cfg := hourly(600)
 	do(t, e.b, "hot", cfg, upTo(250)) // 100 from 0, 1; 50 from 2
 	d := do(t, e.b, "hot", cfg, inspect())
-	if want := (ratelimit.Decision{Allowed: true, Limit: 600, Remaining: 350, ResetAfter: time.Hour, Bandwidth: "0"}); d != want {
+	// RefillAfter is that of sub-bucket 0, the first of the fewest left:
+	// 100 an hour.
+	if want := (ratelimit.Decision{Allowed: true, Limit: 600, Remaining: 350, ResetAfter: time.Hour, RefillAfter: 36 * time.Second, Bandwidth: "0"}); d != want {
 		t.Errorf("Inspect: %+v; want %+v", d, want)
 	}
 	do(t, e.b, "hot", cfg, reset())
@@ -227,22 +229,24 @@ func hammerOnce(t *testing.T, b *Backend, cfg ratelimit.Config) int64 {
 // TestWholeKeyDecision: a decision reports the whole key: Limit is the
 // configured capacity of the binding bandwidth, Remaining the sub-buckets
 // seen scaled up to the key, RetryAfter of a denial the soonest of the
-// sub-buckets tried, ResetAfter the latest.
+// sub-buckets tried, ResetAfter the latest, RefillAfter that of the
+// sub-bucket that decided.
 func TestWholeKeyDecision(t *testing.T) {
 	t.Run("Allowed", func(t *testing.T) {
 		e := newOps(t, 2, 1, 0)
 		cfg := config(ratelimit.PerSecond(10).WithID("burst"), ratelimit.PerHour(100).WithID("hourly"))
 		d := do(t, e.b, "hot", cfg, consume(1))
 		// Sub-bucket 0 (5 a second, 50 an hour) holds 4 of 5 in its
-		// binding bandwidth, burst: the key, 4·10/5.
-		want := ratelimit.Decision{Allowed: true, Limit: 10, Remaining: 8, Consumed: 1, ResetAfter: 72 * time.Second, Bandwidth: "burst"}
+		// binding bandwidth, burst: the key, 4·10/5; its next token is
+		// 200 ms away.
+		want := ratelimit.Decision{Allowed: true, Limit: 10, Remaining: 8, Consumed: 1, ResetAfter: 72 * time.Second, RefillAfter: 200 * time.Millisecond, Bandwidth: "burst"}
 		if d != want {
 			t.Errorf("Consume: %+v; want %+v", d, want)
 		}
 		do(t, e.b, "hot", cfg, consume(4)) // sub-bucket 0's burst empty
 		// Sub-bucket 0 denies (0 of 5 left), 1 allows (4 of 5): (0+4)·10/10;
 		// 0 is full again once its hourly bandwidth has regained 5 tokens.
-		want = ratelimit.Decision{Allowed: true, Limit: 10, Remaining: 4, Consumed: 1, ResetAfter: 5 * 72 * time.Second, Bandwidth: "burst"}
+		want = ratelimit.Decision{Allowed: true, Limit: 10, Remaining: 4, Consumed: 1, ResetAfter: 5 * 72 * time.Second, RefillAfter: 200 * time.Millisecond, Bandwidth: "burst"}
 		if d := do(t, e.b, "hot", cfg, consume(1)); d != want {
 			t.Errorf("Consume with sub-bucket 0 empty: %+v; want %+v", d, want)
 		}
@@ -257,7 +261,7 @@ func TestWholeKeyDecision(t *testing.T) {
 		// Sub-bucket 1 (tried first) needs 500ms, 0 needs 250ms more; 1
 		// is full again in 1s, 0 in 750ms.
 		d := do(t, e.b, "hot", cfg, consume(1))
-		want := ratelimit.Decision{Limit: 4, RetryAfter: 250 * time.Millisecond, ResetAfter: time.Second, Bandwidth: "0"}
+		want := ratelimit.Decision{Limit: 4, RetryAfter: 250 * time.Millisecond, ResetAfter: time.Second, RefillAfter: 250 * time.Millisecond, Bandwidth: "0"}
 		if d != want {
 			t.Errorf("Consume of an empty key: %+v; want %+v", d, want)
 		}

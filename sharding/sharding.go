@@ -60,7 +60,8 @@
 // the binding bandwidth; Remaining is an estimate, the sub-buckets seen
 // scaled up to the whole (their Remaining times the key's Limit over
 // their Limits); RetryAfter is the soonest among the sub-buckets tried;
-// ResetAfter the latest among those seen.
+// ResetAfter the latest among those seen; RefillAfter that of the
+// sub-bucket that decided.
 //
 // # Ops
 //

@@ -80,8 +80,8 @@ func (v *view) estimate(band string, limit int64) int64 {
 // sum is the key's decision from every sub-bucket's (an Inspect, Reset,
 // Replace or Add): allowed if any is, Remaining and Consumed their sums,
 // RetryAfter the soonest when none is allowed, ResetAfter the latest,
-// Degraded if any is, and the binding bandwidth that of the sub-bucket
-// with the fewest tokens left.
+// Degraded if any is, and the binding bandwidth and RefillAfter those of
+// the sub-bucket with the fewest tokens left.
 func sum(cfg ratelimit.Config, ds []ratelimit.Decision) ratelimit.Decision {
 	var total ratelimit.Decision
 	retry := time.Duration(-1)
@@ -102,7 +102,7 @@ func sum(cfg ratelimit.Config, ds []ratelimit.Decision) ratelimit.Decision {
 	if !total.Allowed && retry > 0 {
 		total.RetryAfter = retry
 	}
-	total.Bandwidth = ds[binding].Bandwidth
+	total.Bandwidth, total.RefillAfter = ds[binding].Bandwidth, ds[binding].RefillAfter
 	total.Limit = limitOf(cfg, total.Bandwidth)
 	return total
 }

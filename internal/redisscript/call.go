@@ -82,8 +82,9 @@ func NewCall(prefix, key string, cfg ratelimit.Config, req ratelimit.Request, no
 }
 
 // replyLen is the length of the script's reply: allowed, consumed, limit,
-// remaining, retry after (µs), reset after (µs), binding bandwidth.
-const replyLen = 7
+// remaining, retry after (µs), reset after (µs), refill after (µs), binding
+// bandwidth.
+const replyLen = 8
 
 // Decision decodes the script's reply. A reply of the wrong shape is an
 // error wrapping [ratelimit.ErrBackendUnavailable]: it means the server ran
@@ -92,20 +93,22 @@ func (c Call) Decision(reply []int64) (ratelimit.Decision, error) {
 	if len(reply) != replyLen {
 		return ratelimit.Decision{}, c.badReply(reply)
 	}
-	allowed, consumed, limit, remaining, retry, reset, binding := reply[0], reply[1], reply[2], reply[3], reply[4], reply[5], reply[6]
+	allowed, consumed, limit, remaining, retry, reset, refill, binding := reply[0], reply[1], reply[2], reply[3], reply[4], reply[5], reply[6], reply[7]
 	name := c.cfg.BandwidthName(int(binding))
 	if allowed < 0 || allowed > 1 || consumed < 0 || consumed > maxTokens || limit < 1 || limit > ratelimit.MaxCapacity ||
-		remaining < 0 || remaining > limit || retry < 0 || retry > maxTokens || reset < 0 || reset > maxTokens || name == "" {
+		remaining < 0 || remaining > limit || retry < 0 || retry > maxTokens || reset < 0 || reset > maxTokens ||
+		refill < 0 || refill > reset || name == "" {
 		return ratelimit.Decision{}, c.badReply(reply)
 	}
 	return ratelimit.Decision{
-		Allowed:    allowed == 1,
-		Limit:      limit,
-		Remaining:  remaining,
-		Consumed:   consumed,
-		RetryAfter: time.Duration(retry) * time.Microsecond,
-		ResetAfter: time.Duration(reset) * time.Microsecond,
-		Bandwidth:  name,
+		Allowed:     allowed == 1,
+		Limit:       limit,
+		Remaining:   remaining,
+		Consumed:    consumed,
+		RetryAfter:  time.Duration(retry) * time.Microsecond,
+		ResetAfter:  time.Duration(reset) * time.Microsecond,
+		RefillAfter: time.Duration(refill) * time.Microsecond,
+		Bandwidth:   name,
 	}, nil
 }
 

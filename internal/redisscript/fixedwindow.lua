@@ -44,13 +44,23 @@ local function take(t)
   dirty = true
 end
 
+-- bandWait is the µs until bandwidth i has room for t more requests: 0,
+-- or the end of its window (a bandwidth without room has one).
+local function bandWait(i, t)
+  if hits[i] + t > cfg[8 * i + CAP] then
+    return ends[i] - now
+  end
+  return 0
+end
+
 -- waitFor is the µs until every bandwidth has room for t more requests, and
--- the bandwidth that takes longest; a bandwidth without room has a window.
+-- the bandwidth that takes longest.
 local function waitFor(t)
   local wait, slowest = 0, 1
   for i = 1, count do
-    if hits[i] + t > cfg[8 * i + CAP] and ends[i] - now > wait then
-      wait, slowest = ends[i] - now, i
+    local w = bandWait(i, t)
+    if w > wait then
+      wait, slowest = w, i
     end
   end
   return wait, slowest
@@ -133,9 +143,11 @@ local function run()
     allowed, consumed, retry, binding = decide(waitFor, room, take)
   end
 
-  -- Settle: the binding bandwidth, and the expiry: when the last window ends.
+  -- Settle: the binding bandwidth and when its window ends, and the expiry:
+  -- when the last window ends.
   local left
   binding, left = bindingOf(allowed, binding, room)
+  local refill = refillAfter(binding, left, bandWait)
   local expiry = now
   for i = 1, count do
     if hits[i] > 0 and ends[i] > expiry then
@@ -157,5 +169,5 @@ local function run()
       return err
     end
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, refill, bandOut(binding)}
 end

@@ -89,15 +89,24 @@ local function span(i, t)
   return a, b
 end
 
+-- bandWait is the µs until bandwidth i conforms t tokens, 0 if it does.
+local function bandWait(i, t)
+  local c = 8 * i
+  local rate, x = cfg[c + RATE], frac[i] + (t - cfg[c + CAP]) * cfg[c + SCALE]
+  x = tat[i] - now + (x + -x % rate) / rate
+  if x > 0 then
+    return x
+  end
+  return 0
+end
+
 -- The wait for t tokens: the longest until a bandwidth conforms them.
 local function waitFor(t)
   local wait, slowest = 0, 1
   for i = 1, count do
-    local c = 8 * i
-    local rate, x = cfg[c + RATE], frac[i] + (t - cfg[c + CAP]) * cfg[c + SCALE]
-    x = tat[i] - now + (x + -x % rate) / rate
-    if x > wait then
-      wait, slowest = x, i
+    local w = bandWait(i, t)
+    if w > wait then
+      wait, slowest = w, i
     end
   end
   return wait, slowest
@@ -198,10 +207,11 @@ local function run()
   end
 
   -- Settle: the binding bandwidth (the one with the fewest tokens left unless
-  -- a denial named one), the time until every bandwidth is full, the time a
-  -- new bucket takes to fill, and the expiry.
+  -- a denial named one) and its next token, the time until every bandwidth
+  -- is full, the time a new bucket takes to fill, and the expiry.
   local left
   binding, left = bindingOf(allowed, binding, whole)
+  local refill = refillAfter(binding, left, bandWait)
   local resetAfter, warmup = 0, 0
   for i = 1, count do
     local c = 8 * i
@@ -227,5 +237,5 @@ local function run()
   if err then
     return err
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, bandOut(binding)}
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, refill, bandOut(binding)}
 end

@@ -20,7 +20,7 @@
 --   length, c ID; then d config version.
 --
 -- The reply is {allowed, consumed, limit, remaining, retry after (µs),
--- reset after (µs), binding bandwidth index (0-based)}.
+-- reset after (µs), refill after (µs), binding bandwidth index (0-based)}.
 --
 -- Lua numbers are doubles. Every integer here stays within 2^53, where
 -- doubles are exact (ratelimit.Config.Validate bounds the inputs for that),
@@ -285,7 +285,7 @@ end
 -- cannot decide: denied for StaleRetry, taking nothing.
 local STALE_RETRY = 1000000
 local function staleDenial()
-  return {0, 0, cfg[8 + CAP], 0, STALE_RETRY, STALE_RETRY, 0}
+  return {0, 0, cfg[8 + CAP], 0, STALE_RETRY, STALE_RETRY, STALE_RETRY, 0}
 end
 
 -- adopt makes the script decide on the config of the state read (its n
@@ -594,4 +594,14 @@ local function bindingOf(allowed, binding, room)
     end
   end
   return binding, least
+end
+
+-- refillAfter is the µs until the binding bandwidth, which has left whole
+-- tokens, holds one more, by the algorithm's wait(i, t), the µs until
+-- bandwidth i holds t: 0 when it is full.
+local function refillAfter(binding, left, wait)
+  if left >= cfg[8 * binding + CAP] then
+    return 0
+  end
+  return wait(binding, left + 1)
 end

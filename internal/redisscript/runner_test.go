@@ -18,7 +18,7 @@ type fakeClient struct {
 	sent              []string // the commands, in order
 }
 
-var decision = []int64{1, 1, 10, 9, 0, 6000000, 0}
+var decision = []int64{1, 1, 10, 9, 0, 6000000, 600000, 0}
 
 func next(errs *[]error) error {
 	if len(*errs) == 0 {

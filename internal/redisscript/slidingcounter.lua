@@ -41,25 +41,33 @@ local function room(i)
   return (x - x % w) / w
 end
 
+-- bandWait is the µs until bandwidth i admits t requests (t at most its
+-- capacity), 0 if it does now.
+local function bandWait(i, t)
+  if t <= room(i) then
+    return 0
+  end
+  local c = 8 * i
+  local w, cap = cfg[c + PERIOD], cfg[c + CAP]
+  local due
+  if cur[i] + t <= cap then
+    local a = (cap - cur[i] - t) * w
+    due = stamp[i] + w - (a - a % prev[i]) / prev[i]
+  else
+    local a = (cap - t) * w
+    due = stamp[i] + 2 * w - (a - a % cur[i]) / cur[i]
+  end
+  return due - now
+end
+
 -- waitFor is the µs until every bandwidth admits t requests (t at most
 -- the smallest capacity), and the bandwidth that takes longest.
 local function waitFor(t)
   local wait, slowest = 0, 1
   for i = 1, count do
-    if t > room(i) then
-      local c = 8 * i
-      local w, cap = cfg[c + PERIOD], cfg[c + CAP]
-      local due
-      if cur[i] + t <= cap then
-        local a = (cap - cur[i] - t) * w
-        due = stamp[i] + w - (a - a % prev[i]) / prev[i]
-      else
-        local a = (cap - t) * w
-        due = stamp[i] + 2 * w - (a - a % cur[i]) / cur[i]
-      end
-      if due - now > wait then
-        wait, slowest = due - now, i
-      end
+    local w = bandWait(i, t)
+    if w > wait then
+      wait, slowest = w, i
     end
   end
   return wait, slowest
@@ -154,10 +162,11 @@ local function run()
     allowed, consumed, retry, binding = decide(waitFor, room, take)
   end
 
-  -- Settle: the binding bandwidth, and the expiry: when every count has
-  -- rolled out.
+  -- Settle: the binding bandwidth and when it admits one more request, and
+  -- the expiry: when every count has rolled out.
   local left
   binding, left = bindingOf(allowed, binding, room)
+  local refill = refillAfter(binding, left, bandWait)
   local expiry = now
   for i = 1, count do
     local at = 0
@@ -179,5 +188,5 @@ local function run()
   if err then
     return err
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, refill, bandOut(binding)}
 end

@@ -27,8 +27,10 @@
 --
 -- A decision that admits costs two calls (ZRANGE, ZADD), plus a
 -- ZREMRANGEBYSCORE when the oldest token has left the longest window, a
--- ZCOUNT per bandwidth of a shorter window, and the TTL (PEXPIREAT once a
--- second, PEXPIRE on a caller's clock); a denial reads one token per
+-- ZCOUNT per bandwidth of a shorter window, the TTL (PEXPIREAT once a
+-- second, PEXPIRE on a caller's clock), and a ZRANGE that reads when the
+-- binding bandwidth can take one more (RefillAfter; none when it is full
+-- or all its window holds is this call's); a denial reads one token per
 -- bandwidth that lacks room instead of writing.
 --
 -- One key per bucket, so the script runs on Redis Cluster: the call's key
@@ -141,28 +143,52 @@ local function run()
     end
   end
 
-  -- waitFor is the µs until every bandwidth can take t, and the bandwidth
-  -- that takes longest; it sets bad if a token's time is corrupt. A
-  -- bandwidth that lacks room waits for the token at rank length + t - 1 -
-  -- capacity among the tokens: see logWait in slidinglog.go.
+  -- consumed is the tokens this call takes, which the key holds only once
+  -- written, at its end: until then, the log is the key's tokens with
+  -- these at now, after the before tokens that are at or before now (as
+  -- take in slidinglog.go logs them).
+  local allowed, consumed, removed, retry, binding = 1, 0, 0, 0, 0
+  local before = length
+
+  -- bandWait is the µs until bandwidth i can take t; it sets bad if a
+  -- token's time is corrupt. A bandwidth that lacks room waits for the
+  -- token at rank length + t - 1 - capacity among the tokens: see logWait
+  -- in slidinglog.go.
   local bad = false
+  local function bandWait(i, t)
+    local c = 8 * i
+    local cap = cfg[c + CAP]
+    if counts[i] + t <= cap then
+      return 0
+    end
+    local rank, at = length + t - 1 - cap, now
+    if rank >= before + consumed then
+      rank = rank - consumed
+    elseif rank >= before then
+      rank = nil -- one of those this call takes
+    end
+    if rank then
+      at = redis.call('ZRANGE', key, META + rank, META + rank, 'WITHSCORES')[2]
+      at = at and tonumber(at)
+      if not at or not whole(at) then
+        bad = true
+        return 0
+      end
+    end
+    return at + cfg[c + PERIOD] - now
+  end
+
+  -- waitFor is the µs until every bandwidth can take t, and the bandwidth
+  -- that takes longest.
   local function waitFor(t)
     local wait, slowest = 0, 1
     for i = 1, count do
-      local c = 8 * i
-      local cap = cfg[c + CAP]
-      if counts[i] + t > cap then
-        local rank = META + length + t - 1 - cap
-        local at = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')[2]
-        at = at and tonumber(at)
-        if not at or not whole(at) then
-          bad = true
-          return 0, 1
-        end
-        local w = at + cfg[c + PERIOD] - now
-        if w > wait then
-          wait, slowest = w, i
-        end
+      local w = bandWait(i, t)
+      if bad then
+        return 0, 1
+      end
+      if w > wait then
+        wait, slowest = w, i
       end
     end
     return wait, slowest
@@ -186,7 +212,6 @@ local function run()
     end
   end
 
-  local allowed, consumed, removed, retry, binding = 1, 0, 0, 0, 0
   if op == ADD then
     if length > 0 then
       -- A refund: the newest tokens go.
@@ -214,15 +239,14 @@ local function run()
     if found or foreign then
       redis.call('DEL', key)
     end
-    return {allowed, consumed, cfg[8 * binding + CAP], left, retry, 0, bandOut(binding)}
+    return {allowed, consumed, cfg[8 * binding + CAP], left, retry, 0, 0, bandOut(binding)}
   end
 
   -- The expiry: when the newest token leaves the longest window. With the
   -- same config and no refund the stored expiry tells the newest kept token;
   -- otherwise it is read.
-  local newest = now
+  local newest, last = now, now
   if kept > 0 then
-    local last
     if removed > 0 or oldFp ~= fp then
       last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
       last = last and tonumber(last)
@@ -237,6 +261,18 @@ local function run()
     end
   end
   local expiry = newest + longest
+
+  -- When the binding bandwidth can take one more (bandWait): the kept
+  -- tokens after now, which a clock that stepped back leaves, rank after
+  -- those taken.
+  before = kept
+  if consumed > 0 and last > now then
+    before = redis.call('ZCOUNT', key, 0, now)
+  end
+  local refill = refillAfter(binding, left, bandWait)
+  if bad then
+    return corrupt()
+  end
 
   -- Write: a fresh log replaces whatever the key held; a config change
   -- drops the old fingerprint's member; a serial that would pass the span
@@ -290,5 +326,5 @@ local function run()
   elseif fresh or expiry > exp + -exp % 1000000 then
     redis.call('PEXPIREAT', key, (expiry + -expiry % 1000000) / 1000)
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, bandOut(binding)}
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, refill, bandOut(binding)}
 end

@@ -65,12 +65,17 @@ local OLD_CAP, OLD_TOKENS, OLD_FRACTION, OLD_BACK = OLD_U1, OLD_S1, OLD_U2, OLD_
 -- library's calls share the two tables.
 local level, stamp = {}, {}
 
+-- bandWait is the µs until bandwidth i holds t tokens.
+local function bandWait(i, t)
+  return timeTo(i, level[i], stamp[i], t * cfg[8 * i + SCALE])
+end
+
 -- waitFor is the µs until every bandwidth holds t tokens, and the
 -- bandwidth that takes longest.
 local function waitFor(t)
   local wait, slowest = 0, 1
   for i = 1, count do
-    local w = timeTo(i, level[i], stamp[i], t * cfg[8 * i + SCALE])
+    local w = bandWait(i, t)
     if w > wait then
       wait, slowest = w, i
     end
@@ -203,9 +208,11 @@ local function run()
     end
   end
 
-  -- Settle: the binding bandwidth, the time to full, and the expiry.
+  -- Settle: the binding bandwidth and its next token, the time to full,
+  -- and the expiry.
   local left
   binding, left = bindingOf(allowed, binding, room)
+  local refill = refillAfter(binding, left, bandWait)
   local resetAfter = 0
   for i = 1, count do
     local w = timeTo(i, level[i], stamp[i], cfg[8 * i + CAP] * cfg[8 * i + SCALE])
@@ -238,5 +245,5 @@ local function run()
   if err then
     return err
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, bandOut(binding)}
+  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, refill, bandOut(binding)}
 end

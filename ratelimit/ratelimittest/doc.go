@@ -2,7 +2,8 @@
 // [ratelimit.Backend] must pass, as gocloud's drivertest is for its drivers.
 // The memory backend, the Redis backends (standalone and cluster) and any
 // decorator run the same scenarios and must agree decision for decision:
-// every [ratelimit.Decision] field, durations to the microsecond.
+// every [ratelimit.Decision] field, durations to the microsecond
+// (RefillAfter in the scenarios of its own group).
 //
 // A backend's test hands [Run] a [Harness] that builds it:
 //
@@ -56,6 +57,10 @@
 //     passes its capacity, GCRA deciding as the token bucket, several
 //     bandwidths, Reserve refused where it makes no sense, and a change of
 //     algorithm starting the bucket afresh.
+//   - RefillAfter: [ratelimit.Decision.RefillAfter], which the other
+//     groups' tables leave out: the binding bandwidth's own next token on
+//     the token algorithms, with several bandwidths and reserved ahead, the
+//     window algorithms' next request out of the window, and 0 when full.
 //
 // Scenarios reach the backend only through [ratelimit.Backend.Do],
 // [ratelimit.Limiter] and [ratelimit.Bucket], and assume nothing kept in
@@ -77,7 +82,8 @@
 //     Counts/RefilledBucketStartsFromInitialTokens,
 //     Ops/EstimateKeepsANewBucket, Refill/Greedy,
 //     Refill/Interval, Refill/IntervalAligned, Refill/IntervalAlignedPartial,
-//     MultiBandwidth/SustainedBinds, Inheritance/RefillsAtNewRate);
+//     MultiBandwidth/SustainedBinds, Inheritance/RefillsAtNewRate, and
+//     every RefillAfter scenario but RefillAfter/Full);
 //   - runs Refill/*Bounds by sleeping (about half a second in all) and
 //     checks token counts against bounds;
 //   - checks every RetryAfter and ResetAfter as at most the exact value and
