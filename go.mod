@@ -9,6 +9,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.22.0
 	github.com/redis/rueidis v1.0.79
+	github.com/shogo82148/go-sfv v0.3.3
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sync v0.22.0
 )

@@ -29,16 +29,35 @@ const (
 	// q is the bandwidth's Capacity and w the whole seconds it takes to refill
 	// from empty, rounded up (Capacity×RefillPeriod/RefillTokens); a bandwidth
 	// that refills from empty within a second shows its rate over one second
-	// instead (q tokens, w=1). r is the tokens left in the binding bandwidth.
-	// t is, on a rejection, the seconds until the request could pass (the
-	// Retry-After), and otherwise the seconds until the bucket is full again;
-	// both are rounded up.
+	// instead (q tokens, w=1).
+	//
+	// The RateLimit item names the binding bandwidth
+	// ([ratelimit.Decision.Bandwidth]), and both its parameters are that
+	// bandwidth's. r is its whole tokens left, the draft's remaining quota
+	// units (Section 4.1.1). t is the draft's reset parameter (Section
+	// 4.1.2), "the number of seconds until additional quota associated with
+	// the quota policy is made available": the seconds, rounded up, until
+	// that bandwidth holds more than r tokens, when its next token arrives
+	// ([ratelimit.Decision.RefillAfter]), or 0 when it is full. So a client
+	// told r=0 that waits t seconds finds that bandwidth's token there
+	// (another with none left too may still refuse it: of equals, the first
+	// in the config is named), and one that comes back sooner is refused and
+	// told to wait until that same moment, to within the rounding to whole
+	// seconds. A 429 names the bandwidth that refused the request, and its t
+	// is the Retry-After: the middleware asks for one token, which that
+	// bandwidth gets first at t (Section 6: a Retry-After never earlier than
+	// t).
+	//
+	// Every figure of these fields and of [XRateLimitHeaders] is an RFC 9651
+	// Integer (Section 3.3.1): one larger than 999,999,999,999,999 (a
+	// Capacity reaches 2^50, a little more) is sent as 999,999,999,999,999.
 	IETFHeaders Headers = 1 << iota
 	// XRateLimitHeaders are the de facto trio, each a decimal integer:
 	// X-RateLimit-Limit (the binding bandwidth's Capacity),
-	// X-RateLimit-Remaining (its tokens left) and X-RateLimit-Reset (seconds
-	// from now, the RateLimit field's t; not an epoch time, as some libraries
-	// send).
+	// X-RateLimit-Remaining (the RateLimit field's r) and X-RateLimit-Reset
+	// (its t: seconds from now, not an epoch time, as some libraries send).
+	// Their figures are bounded as the RateLimit field's are, so that they
+	// are the same numbers and Remaining is never more than Limit.
 	XRateLimitHeaders
 
 	// DefaultHeaders are the fields sent unless [WithHeaders] says
@@ -58,16 +77,23 @@ const (
 )
 
 // maxSFInteger is the largest Integer a structured field may carry
-// (RFC 9651, Section 3.3.1). Capacities reach 2^50, a little more.
+// (RFC 9651, Section 3.3.1), and the largest figure any rate-limit field
+// sends. Capacities reach 2^50, a little more.
 const maxSFInteger = 999_999_999_999_999
+
+// figure is n as every rate-limit field sends it: in decimal, within 0 and
+// maxSFInteger.
+func figure(n int64) string {
+	return strconv.FormatInt(min(max(n, 0), maxSFInteger), 10)
+}
 
 // policy is what the headers need of one config, worked out once.
 type policy struct {
 	field string   // the RateLimit-Policy field value
 	names []string // each bandwidth's serialized policy name, by index
 	ids   []string // what Decision.Bandwidth says for each, by index
-	// capacities are each bandwidth's Capacity, and limits the same in
-	// decimal, for X-RateLimit-Limit.
+	// capacities are each bandwidth's Capacity, and limits the same as a
+	// figure, for X-RateLimit-Limit.
 	capacities []int64
 	limits     []string
 }
@@ -112,7 +138,7 @@ func newPolicy(cfg ratelimit.Config) (*policy, error) {
 			return nil, fmt.Errorf("httplimit: bandwidth name %q: %w", pol.ids[i], err)
 		}
 		pol.names[i] = name
-		pol.capacities[i], pol.limits[i] = bw.Capacity, strconv.FormatInt(bw.Capacity, 10)
+		pol.capacities[i], pol.limits[i] = bw.Capacity, figure(bw.Capacity)
 		q, w := quota(bw)
 		item := httpsfv.NewItem(pol.ids[i])
 		item.Params.Add("q", q)
@@ -165,7 +191,7 @@ func seconds(d time.Duration) int64 {
 	if d%time.Second != 0 {
 		s++
 	}
-	return min(s, maxSFInteger)
+	return s
 }
 
 // retryAfter is the Retry-After for a denial: d rounded up, and never 0,
@@ -199,30 +225,19 @@ func setHeaders(h http.Header, which Headers, pol *policy, d ratelimit.Decision)
 	if i < 0 {
 		return
 	}
-	remaining := strconv.FormatInt(min(max(d.Remaining, 0), maxSFInteger), 10)
-	reset := strconv.FormatInt(resetSeconds(d), 10)
+	remaining, reset := figure(d.Remaining), figure(seconds(d.RefillAfter))
 	if which&IETFHeaders != 0 {
 		set(headerLimit, pol.names[i]+";r="+remaining+";t="+reset)
 	}
 	if which&XRateLimitHeaders != 0 {
 		limit := pol.limits[i]
 		if d.Limit != pol.capacities[i] {
-			limit = strconv.FormatInt(d.Limit, 10)
+			limit = figure(d.Limit)
 		}
 		set(headerXLimit, limit)
 		set(headerXRemaining, remaining)
 		set(headerXReset, reset)
 	}
-}
-
-// resetSeconds is the RateLimit field's t: on a rejection the Retry-After,
-// so that Retry-After is never earlier than t, otherwise the time until the
-// bucket is full again.
-func resetSeconds(d ratelimit.Decision) int64 {
-	if !d.Allowed {
-		return retryAfter(d.RetryAfter)
-	}
-	return seconds(d.ResetAfter)
 }
 
 // binding returns the index of the bandwidth a decision names, or -1.

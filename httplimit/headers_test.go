@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dunglas/httpsfv"
+	sfv "github.com/shogo82148/go-sfv"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -72,7 +72,8 @@ func TestPoliciesBounded(t *testing.T) {
 
 // FuzzPolicy: for any valid bandwidth, the RateLimit-Policy field parses
 // back as the draft's syntax says, with the bandwidth's name and q and w
-// within the structured-field Integer range (w at least 1).
+// within the structured-field Integer range (w at least 1). It is read
+// with go-sfv, not with httpsfv, which writes it.
 func FuzzPolicy(f *testing.F) {
 	f.Add(int64(20), int64(10), int64(1_000_000), "burst")
 	f.Add(int64(1), int64(1), int64(100_000), "")
@@ -88,15 +89,13 @@ func FuzzPolicy(f *testing.F) {
 		if err != nil {
 			t.Fatalf("valid config %+v: %v", bw, err)
 		}
-		list, err := httpsfv.UnmarshalList([]string{pol.field})
+		list, err := sfv.DecodeList([]string{pol.field})
 		if err != nil || len(list) != 1 {
 			t.Fatalf("field %q: %v", pol.field, err)
 		}
-		item := list[0].(httpsfv.Item)
-		q, _ := item.Params.Get("q")
-		w, _ := item.Params.Get("w")
-		qi, qok := q.(int64)
-		wi, wok := w.(int64)
+		item := list[0]
+		qi, qok := item.Parameters.Get("q").(int64)
+		wi, wok := item.Parameters.Get("w").(int64)
 		if item.Value != cfg.BandwidthName(0) || !qok || !wok || qi < 1 || wi < 1 || qi > maxSFInteger || wi > maxSFInteger {
 			t.Fatalf("field %q for %+v", pol.field, bw)
 		}

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dunglas/httpsfv"
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/failpolicy"
 	"github.com/sluicehq/sluice/httplimit"
@@ -107,10 +106,10 @@ func TestHeadersExact(t *testing.T) {
 		if i == 1 {
 			want := map[string]string{
 				"RateLimit-Policy":      `"burst";q=20;w=2, "hourly";q=1000;w=3600`,
-				"RateLimit":             `"burst";r=19;t=4`, // the hourly bandwidth needs 3.6 s for its token
+				"RateLimit":             `"burst";r=19;t=1`, // the burst's next token is 100 ms away
 				"X-RateLimit-Limit":     "20",
 				"X-RateLimit-Remaining": "19",
-				"X-RateLimit-Reset":     "4",
+				"X-RateLimit-Reset":     "1",
 			}
 			for name, v := range want {
 				if got := rec.Header().Get(name); got != v {
@@ -143,9 +142,9 @@ func TestHeadersExact(t *testing.T) {
 	}
 }
 
-// TestHeadersParse reads the fields back with a structured-fields parser:
-// each is a List of String items whose parameters are Integers, as the
-// draft's syntax says.
+// TestHeadersParse reads the fields back with an RFC 9651 parser of its
+// own (see readFields): each is a List of String items whose parameters
+// are Integers, as the draft's syntax says.
 func TestHeadersParse(t *testing.T) {
 	l := ratelimit.New(memory.New(memory.WithClock(newClock())))
 	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{
@@ -153,66 +152,47 @@ func TestHeadersParse(t *testing.T) {
 		ratelimit.Every(24*time.Hour, 10000).WithID("daily"),
 	}}
 	rec := serve(mustNew(t, l, httplimit.WithConfig(cfg))(&handlerSpy{}), httptest.NewRequest("GET", "/", nil))
-	policy, err := httpsfv.UnmarshalList(rec.Header().Values("RateLimit-Policy"))
+	f, err := readFields(rec.Header())
 	if err != nil {
-		t.Fatalf("RateLimit-Policy %q: %v", rec.Header().Get("RateLimit-Policy"), err)
+		t.Fatal(err)
 	}
-	want := []struct {
-		name string
-		q, w int64
-	}{{"0", 50, 60}, {"daily", 10000, 86400}}
-	if len(policy) != len(want) {
-		t.Fatalf("RateLimit-Policy has %d items, want %d", len(policy), len(want))
+	if want := map[string]quota{"0": {50, 60}, "daily": {10000, 86400}}; fmt.Sprint(f.policies) != fmt.Sprint(want) {
+		t.Errorf("RateLimit-Policy %q, want the policies %v", rec.Header().Get("RateLimit-Policy"), want)
 	}
-	for i, m := range policy {
-		item := m.(httpsfv.Item)
-		if item.Value != want[i].name {
-			t.Errorf("policy %d named %#v, want the String %q", i, item.Value, want[i].name)
-		}
-		for param, v := range map[string]int64{"q": want[i].q, "w": want[i].w} {
-			if got, _ := item.Params.Get(param); got != v {
-				t.Errorf("policy %q: %s = %#v, want %d", want[i].name, param, got, v)
-			}
-		}
-	}
-	limit, err := httpsfv.UnmarshalList(rec.Header().Values("RateLimit"))
-	if err != nil || len(limit) != 1 {
-		t.Fatalf("RateLimit %q: %v, %d items", rec.Header().Get("RateLimit"), err, len(limit))
-	}
-	item := limit[0].(httpsfv.Item)
-	r, _ := item.Params.Get("r")
-	tt, _ := item.Params.Get("t")
-	// The per-minute bandwidth binds (49 left of 50); the bucket is full
-	// again when the daily bandwidth's token returns, in 8.64 s.
-	if item.Value != "0" || r != int64(49) || tt != int64(9) {
-		t.Errorf("RateLimit = %q, want \"0\";r=49;t=9", rec.Header().Get("RateLimit"))
+	// The per-minute bandwidth binds (49 left of 50), and its next token
+	// is 1.2 s away; the daily one's, 8.64 s, is not its.
+	if f.name != "0" || f.r != 49 || f.t != 2 {
+		t.Errorf("RateLimit = %q, want \"0\";r=49;t=2", rec.Header().Get("RateLimit"))
 	}
 }
 
+// TestRetryAfterRounding: Retry-After and t round up to whole seconds,
+// and Retry-After is never 0. A denial of one token has RefillAfter equal
+// to RetryAfter, so the two are the same moment.
 func TestRetryAfterRounding(t *testing.T) {
 	for _, tc := range []struct {
-		wait time.Duration
-		want string
+		wait        time.Duration
+		retry, next string
 	}{
-		{0, "1"}, // never 0
-		{time.Microsecond, "1"},
-		{time.Millisecond, "1"},
-		{time.Second, "1"},
-		{time.Second + time.Millisecond, "2"},
-		{2 * time.Second, "2"},
-		{59*time.Second + 1, "60"},
+		{0, "1", "0"}, // Retry-After never 0
+		{time.Microsecond, "1", "1"},
+		{time.Millisecond, "1", "1"},
+		{time.Second, "1", "1"},
+		{time.Second + time.Millisecond, "2", "2"},
+		{2 * time.Second, "2", "2"},
+		{59*time.Second + 1, "60", "60"},
 	} {
 		t.Run(tc.wait.String(), func(t *testing.T) {
-			s := &stub{d: ratelimit.Decision{Limit: 20, RetryAfter: tc.wait, ResetAfter: time.Hour, Bandwidth: "burst"}}
+			s := &stub{d: ratelimit.Decision{Limit: 20, RetryAfter: tc.wait, RefillAfter: tc.wait, ResetAfter: time.Hour, Bandwidth: "burst"}}
 			rec := serve(mustNew(t, ratelimit.New(s), httplimit.WithConfig(twoBW))(&handlerSpy{}), httptest.NewRequest("GET", "/", nil))
 			if rec.Code != http.StatusTooManyRequests {
 				t.Fatalf("status %d, want 429", rec.Code)
 			}
-			if got := rec.Header().Get("Retry-After"); got != tc.want {
-				t.Errorf("Retry-After = %q, want %q", got, tc.want)
+			if got := rec.Header().Get("Retry-After"); got != tc.retry {
+				t.Errorf("Retry-After = %q, want %q", got, tc.retry)
 			}
-			if got, want := rec.Header().Get("RateLimit"), `"burst";r=0;t=`+tc.want; got != want {
-				t.Errorf("RateLimit = %q, want %q (t no later than Retry-After)", got, want)
+			if got, want := rec.Header().Get("RateLimit"), `"burst";r=0;t=`+tc.next; got != want {
+				t.Errorf("RateLimit = %q, want %q", got, want)
 			}
 		})
 	}
