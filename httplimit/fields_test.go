@@ -108,6 +108,14 @@ func (c *fixedClock) advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
+// limiterOn is a Limiter on a memory backend that reads clock, closed
+// when the test ends, so that its sweeper does not outlive it.
+func limiterOn(t testing.TB, clock *fixedClock) *ratelimit.Limiter {
+	b := memory.New(memory.WithClock(clock))
+	t.Cleanup(func() { _ = b.Close() })
+	return ratelimit.New(b)
+}
+
 // get serves one GET through h and reads its fields.
 func get(t *testing.T, h http.Handler) (int, fields) {
 	t.Helper()
@@ -128,7 +136,7 @@ func TestResetOfTheNamedPolicy(t *testing.T) {
 	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{
 		ratelimit.PerSecond(5).WithID("burst"), ratelimit.PerHour(8).WithID("hourly"),
 	}}
-	h := mustNew(t, ratelimit.New(memory.New(memory.WithClock(clock))), httplimit.WithConfig(cfg))(&handlerSpy{})
+	h := mustNew(t, limiterOn(t, clock), httplimit.WithConfig(cfg))(&handlerSpy{})
 	want := func(status int, name string, r, tt, retry int64) {
 		t.Helper()
 		code, f := get(t, h)
@@ -159,7 +167,7 @@ func TestResetOfTheNamedPolicy(t *testing.T) {
 func TestResetWhenEmpty(t *testing.T) {
 	clock := newClock()
 	slow := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{{ID: "slow", Capacity: 3, RefillTokens: 1, RefillPeriod: 7 * time.Second}}}
-	h := mustNew(t, ratelimit.New(memory.New(memory.WithClock(clock))), httplimit.WithConfig(slow))(&handlerSpy{})
+	h := mustNew(t, limiterOn(t, clock), httplimit.WithConfig(slow))(&handlerSpy{})
 	for _, s := range []struct {
 		advance     time.Duration
 		status      int
@@ -186,7 +194,7 @@ func TestResetWhenEmpty(t *testing.T) {
 // though a Capacity reaches 2^50 (1,125,899,906,842,624).
 func TestFiguresOneRule(t *testing.T) {
 	huge := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(1_000_000).WithBurst(ratelimit.MaxCapacity).WithID("huge")}}
-	h := mustNew(t, ratelimit.New(memory.New(memory.WithClock(newClock()))), httplimit.WithConfig(huge))(&handlerSpy{})
+	h := mustNew(t, limiterOn(t, newClock()), httplimit.WithConfig(huge))(&handlerSpy{})
 	rec := serve(h, httptest.NewRequest("GET", "/", nil))
 	f, err := readFields(rec.Header())
 	if err != nil {
@@ -218,7 +226,7 @@ func TestFieldsSequences(t *testing.T) {
 		n = 50
 	}
 	for seed := range n {
-		checkFields(t, seed)
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { checkFields(t, seed) })
 	}
 }
 
@@ -249,7 +257,7 @@ func checkFields(t *testing.T, seed uint64) {
 	cfg := randomConfig(rng)
 	clock := newClock()
 	clock.advance(time.Duration(rng.Int64N(int64(time.Hour))).Truncate(time.Microsecond))
-	h := mustNew(t, ratelimit.New(memory.New(memory.WithClock(clock))), httplimit.WithConfig(cfg))(&handlerSpy{})
+	h := mustNew(t, limiterOn(t, clock), httplimit.WithConfig(cfg))(&handlerSpy{})
 	capacity := map[string]int64{}
 	for i, b := range cfg.Bandwidths {
 		capacity[cfg.BandwidthName(i)] = b.Capacity
