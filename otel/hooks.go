@@ -80,7 +80,8 @@ func breakerAttrs(node string, s failpolicy.BreakerState) metric.AddOption {
 const (
 	// PlanHit: a lookup the cache answered without its store.
 	PlanHit = "hit"
-	// PlanMiss: a lookup that read its store, or waited for a read.
+	// PlanMiss: a lookup that found its subject due for a read of its
+	// store, whether it waited for the read or was served meanwhile.
 	PlanMiss = "miss"
 	// PlanLoaded: a read of the store that succeeded.
 	PlanLoaded = "loaded"

@@ -277,7 +277,7 @@ func TestPlanHooks(t *testing.T) {
 	if _, err := store.Assign(secretKey, "pro"); err != nil {
 		t.Fatal(err)
 	}
-	cache, err := plans.NewCache(store, plans.WithHooks(sluiceotel.PlanHooks(sluiceotel.WithMeterProvider(tel.mp))), plans.WithRetryBackoff(time.Hour))
+	cache, err := plans.NewCache(store, plans.WithHooks(sluiceotel.PlanHooks(sluiceotel.WithMeterProvider(tel.mp))), plans.WithRetryBackoff(time.Hour), plans.WithReadWait(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -160,6 +160,13 @@ func expect(t *testing.T, s *fakeStore, n int, ev *events, want ...string) {
 
 var errDown = errors.New("connection refused")
 
+// waitForReads is a read wait longer than the load timeout, for the tests
+// in real time that check what a lookup that waits is served: a lookup
+// then waits for its read to end, however slowly a busy machine runs it
+// (even a fake store's read, under -race beside CPU burners, can take
+// longer than DefaultReadWait).
+const waitForReads = time.Minute
+
 func TestCacheServesPlan(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, ev := newFakeStore(), new(events)
@@ -195,11 +202,18 @@ func TestCacheTTL(t *testing.T) {
 		}
 		expect(t, s, 1, ev)
 
+		// At the TTL, the lookup is served the cached plan and reads the
+		// store in the background; the next gets what it read.
 		time.Sleep(time.Nanosecond)
-		if got := capacity(t, c, "acme"); got != 200 {
-			t.Errorf("capacity at the TTL = %d, want the new 200", got)
+		if got := capacity(t, c, "acme"); got != 100 {
+			t.Errorf("capacity at the TTL = %d, want the cached 100 while the store is read", got)
 		}
+		synctest.Wait() // the read lands
 		expect(t, s, 2, ev, "loaded acme: pro v3, assignment v1")
+		if got := capacity(t, c, "acme"); got != 200 {
+			t.Errorf("capacity once the read landed = %d, want the new 200", got)
+		}
+		expect(t, s, 2, ev)
 	})
 }
 
@@ -224,6 +238,10 @@ func TestCacheNoPlan(t *testing.T) {
 		lookup(t, c, "nobody")
 		expect(t, s, 1, ev)
 		time.Sleep(time.Nanosecond)
+		if cfg, err := c.Config(t.Context(), "nobody"); err != nil || cfg.Version != 0 {
+			t.Errorf("Config at the negative TTL = %+v, %v; want Version 0, cached, while the store is read", cfg, err)
+		}
+		synctest.Wait()
 		if cfg, err := c.Config(t.Context(), "nobody"); err != nil || cfg.Version != 12 {
 			t.Errorf("Config after the negative TTL = %+v, %v; want Version 12, the tombstone's", cfg, err)
 		}
@@ -236,6 +254,7 @@ func TestCacheNoPlan(t *testing.T) {
 		s.set("nobody", 13, plan("pro", 5, 100))
 		time.Sleep(10 * time.Second)
 		lookup(t, c, "nobody")
+		synctest.Wait()
 		time.Sleep(10 * time.Second)
 		lookup(t, c, "nobody")
 		expect(t, s, 3, ev, "loaded nobody: pro v5, assignment v13")
@@ -282,6 +301,7 @@ func TestCacheStaleIfError(t *testing.T) {
 		if got := capacity(t, c, "acme"); got != 100 {
 			t.Errorf("capacity with the store down = %d, want the last good 100", got)
 		}
+		synctest.Wait() // the read, in the background, fails
 		expect(t, s, 2, ev, "stale acme: connection refused")
 
 		// No read before the backoff has passed, however many requests.
@@ -296,11 +316,16 @@ func TestCacheStaleIfError(t *testing.T) {
 		if got := capacity(t, c, "acme"); got != 100 {
 			t.Errorf("capacity after a second failure = %d, want the last good 100", got)
 		}
+		synctest.Wait()
 		expect(t, s, 3, ev, "stale acme: connection refused")
 
 		s.fail(nil)
 		s.set("acme", 1, plan("pro", 4, 300))
 		time.Sleep(time.Second)
+		if got := capacity(t, c, "acme"); got != 100 {
+			t.Errorf("capacity as the store comes back = %d, want the last good 100 while it is read", got)
+		}
+		synctest.Wait()
 		if got := capacity(t, c, "acme"); got != 300 {
 			t.Errorf("capacity once the store is back = %d, want 300", got)
 		}
@@ -327,12 +352,19 @@ func TestCacheColdFailure(t *testing.T) {
 		}
 		expect(t, s, 1, ev, "failed acme: connection refused")
 
+		// The retry does not wait: the subject has the default plan to
+		// serve meanwhile.
 		time.Sleep(time.Second)
 		capacity(t, c, "acme")
+		synctest.Wait()
 		expect(t, s, 2, ev, "failed acme: connection refused") // still no good read to serve
 
 		s.fail(nil)
 		time.Sleep(time.Second)
+		if got := capacity(t, c, "acme"); got != def {
+			t.Errorf("capacity as the store comes back = %d, want the default %d while it is read", got, def)
+		}
+		synctest.Wait()
 		if got := capacity(t, c, "acme"); got != 100 {
 			t.Errorf("capacity once the store is back = %d, want 100", got)
 		}
@@ -370,6 +402,8 @@ func TestCacheInvalidData(t *testing.T) {
 
 				tt.spoil(s, "acme")
 				time.Sleep(time.Minute)
+				capacity(t, c, "acme")
+				synctest.Wait()
 				if got := capacity(t, c, "acme"); got != 100 {
 					t.Errorf("capacity = %d, want the last good 100", got)
 				}
@@ -386,23 +420,39 @@ func TestCacheInvalidData(t *testing.T) {
 	}
 }
 
+// TestCacheLoadTimeout: a read of a store that does not answer ends at
+// the load timeout, whether or not a lookup still waits for it; a read
+// wait longer than the load timeout waits for it to end.
 func TestCacheLoadTimeout(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s, ev := newFakeStore(), new(events)
-		s.set("acme", 1, plan("pro", 2, 100))
-		release := s.hold()
-		defer release()
-		c := mustCache(t, s, WithHooks(ev.hooks()), WithLoadTimeout(2*time.Second))
+	for _, tt := range []struct {
+		name     string
+		readWait time.Duration
+		waited   time.Duration
+	}{
+		{"default read wait", DefaultReadWait, DefaultReadWait},
+		{"longer read wait", time.Hour, 2 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s, ev := newFakeStore(), new(events)
+				s.set("acme", 1, plan("pro", 2, 100))
+				release := s.hold()
+				defer release()
+				c := mustCache(t, s, WithHooks(ev.hooks()), WithLoadTimeout(2*time.Second), WithReadWait(tt.readWait))
 
-		start := time.Now()
-		if a := lookup(t, c, "acme"); a.Plan.Name != "default" {
-			t.Errorf("Lookup of a store that does not answer = %+v, want the default plan", a)
-		}
-		if waited := time.Since(start); waited != 2*time.Second {
-			t.Errorf("Lookup took %v, want the load timeout, 2s", waited)
-		}
-		expect(t, s, 1, ev, "failed acme: context deadline exceeded")
-	})
+				start := time.Now()
+				if a := lookup(t, c, "acme"); a.Plan.Name != "default" {
+					t.Errorf("Lookup of a store that does not answer = %+v, want the default plan", a)
+				}
+				if waited := time.Since(start); waited != tt.waited {
+					t.Errorf("Lookup took %v, want %v", waited, tt.waited)
+				}
+				time.Sleep(2*time.Second - time.Since(start))
+				synctest.Wait()
+				expect(t, s, 1, ev, "failed acme: context deadline exceeded")
+			})
+		})
+	}
 }
 
 func TestCacheStampede(t *testing.T) {
@@ -635,11 +685,13 @@ func lookupHooks(ev *events) Hooks {
 	return h
 }
 
-// TestCacheHitMiss: each lookup is one Hit or one Miss: a Miss when the
-// store must be read (cold, past the TTL or negative TTL, invalidated,
-// resynced, a failed read's retry due, a done ctx), called before the
-// read's own hook; otherwise a Hit, a stale or default plan served
-// within a failed read's backoff included.
+// TestCacheHitMiss: each lookup is one Hit or one Miss: a Miss when a
+// store read is due (cold, past the TTL or negative TTL, invalidated,
+// resynced, a failed read's retry due, a read already in flight, a done
+// ctx), called before the read's own hook, whether the lookup waits for
+// the read or is served the cached plan while the read runs; otherwise a
+// Hit, a stale or default plan served within a failed read's backoff
+// included.
 func TestCacheHitMiss(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, ev := newFakeStore(), new(events)
@@ -656,14 +708,17 @@ func TestCacheHitMiss(t *testing.T) {
 		}
 		expect(t, s, 1, ev, "hit acme", "hit acme", "hit acme")
 
+		// Past the TTL: a miss, served the cached plan while the read runs.
 		time.Sleep(time.Minute - time.Nanosecond)
 		lookup(t, c, "acme")
 		expect(t, s, 1, ev, "hit acme")
 		time.Sleep(time.Nanosecond)
 		lookup(t, c, "acme")
+		synctest.Wait()
 		lookup(t, c, "acme")
 		expect(t, s, 2, ev, "miss acme", "loaded acme: pro v2, assignment v1", "hit acme")
 
+		// Notified: a miss that waits for the read.
 		s.set("acme", 3, plan("pro", 2, 100))
 		c.Invalidate(Change{Kind: AssignmentChanged, ID: "acme", Version: 3})
 		lookup(t, c, "acme")
@@ -678,7 +733,8 @@ func TestCacheHitMiss(t *testing.T) {
 		lookup(t, c, "acme")
 		expect(t, s, 5, ev, "miss acme", "loaded acme: pro v4, assignment v3", "miss acme", "loaded acme: pro v4, assignment v3", "hit acme")
 
-		// A failed read: its stale plan, within the backoff, is a hit.
+		// A failed read: its stale plan, within the backoff, is a hit; the
+		// retry is a miss, served the stale plan while it runs.
 		s.fail(errDown)
 		c.Resync()
 		lookup(t, c, "acme")
@@ -686,6 +742,7 @@ func TestCacheHitMiss(t *testing.T) {
 		lookup(t, c, "acme")
 		time.Sleep(time.Nanosecond)
 		lookup(t, c, "acme")
+		synctest.Wait()
 		expect(t, s, 7, ev, "miss acme", "stale acme: connection refused", "hit acme", "miss acme", "stale acme: connection refused")
 
 		// So is the default plan, for a subject never read.
@@ -697,14 +754,29 @@ func TestCacheHitMiss(t *testing.T) {
 		// A subject with no plan, for the negative TTL.
 		time.Sleep(time.Second)
 		lookup(t, c, "newcomer")
+		synctest.Wait()
 		time.Sleep(10*time.Second - time.Nanosecond)
 		lookup(t, c, "newcomer")
 		time.Sleep(time.Nanosecond)
 		lookup(t, c, "newcomer")
+		synctest.Wait()
 		expect(t, s, 10, ev, "miss newcomer", "loaded newcomer:  v0, assignment v0", "hit newcomer", "miss newcomer", "loaded newcomer:  v0, assignment v0")
 
+		// While that read runs, every lookup of the subject is a miss.
+		release := s.hold()
+		time.Sleep(10 * time.Second)
+		lookup(t, c, "newcomer")
+		lookup(t, c, "newcomer")
+		synctest.Wait()
+		expect(t, s, 11, ev, "miss newcomer", "miss newcomer")
+		release()
+		synctest.Wait()
+		lookup(t, c, "newcomer")
+		expect(t, s, 11, ev, "loaded newcomer:  v0, assignment v0", "hit newcomer")
+
 		// A lookup that ends with its ctx's error is a miss; a cached
-		// subject is a hit whatever the ctx.
+		// subject is a hit whatever the ctx, and one due for a read is a
+		// miss, served the cached plan.
 		done, cancel := context.WithCancel(ctx)
 		cancel()
 		if _, err := c.Config(done, "cold"); !errors.Is(err, context.Canceled) {
@@ -713,7 +785,12 @@ func TestCacheHitMiss(t *testing.T) {
 		if _, err := c.Lookup(done, "newcomer"); err != nil {
 			t.Errorf("Lookup(done ctx) of a cached subject: %v", err)
 		}
-		expect(t, s, 10, ev, "miss cold", "hit newcomer")
+		time.Sleep(10 * time.Second)
+		if _, err := c.Lookup(done, "newcomer"); err != nil {
+			t.Errorf("Lookup(done ctx) of a subject past its negative TTL: %v", err)
+		}
+		synctest.Wait()
+		expect(t, s, 12, ev, "miss cold", "hit newcomer", "miss newcomer", "loaded newcomer:  v0, assignment v0")
 	})
 }
 
@@ -903,6 +980,7 @@ func TestNewCacheErrors(t *testing.T) {
 		{"negative ttl", s, WithNegativeTTL(-time.Second), "plans: WithNegativeTTL: TTL must be more than 0, got -1s"},
 		{"backoff", s, WithRetryBackoff(0), "plans: WithRetryBackoff: backoff must be more than 0, got 0s"},
 		{"load timeout", s, WithLoadTimeout(0), "plans: WithLoadTimeout: timeout must be more than 0, got 0s"},
+		{"read wait", s, WithReadWait(-time.Millisecond), "plans: WithReadWait: wait must be more than 0, got -1ms"},
 		{"default", s, WithDefault(plan("", 0, 1)),
 			`plans: WithDefault: plans: invalid plan: plan "" version 0: Name must not be empty`},
 		{"default bandwidths", s, WithDefault(plan("d", 0, 0)),
@@ -932,7 +1010,7 @@ func TestCacheHitAllocs(t *testing.T) {
 	}
 
 	h := new(hitCounter)
-	c = mustCache(t, s, WithTTL(time.Hour), WithHooks(h.hooks()))
+	c = mustCache(t, s, WithTTL(time.Hour), WithHooks(h.hooks()), WithReadWait(waitForReads))
 	capacity(t, c, "acme")
 	if n := testing.AllocsPerRun(1000, func() { _, _ = c.Config(ctx, "acme") }); n != 0 {
 		t.Errorf("Config of a cached subject, with a Hit hook, allocates %v times, want 0", n)
@@ -945,7 +1023,7 @@ func TestCacheHitAllocs(t *testing.T) {
 func TestCacheBucket(t *testing.T) {
 	s := newFakeStore()
 	s.set("acme", 1, plan("pro", 2, 3))
-	c := mustCache(t, s)
+	c := mustCache(t, s, WithReadWait(waitForReads))
 	backend := memory.New(memory.WithSweepInterval(0))
 	defer backend.Close()
 	l := ratelimit.New(backend)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/plans"
@@ -20,7 +21,11 @@ func Example() {
 	must(store.PutPlan("pro", ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerMinute(100)}}))
 	must(store.Assign("acme", "free"))
 
-	cache, err := plans.NewCache(store)
+	// A lookup of a new subject, or the first after a change, waits for
+	// the store's read, up to plans.DefaultReadWait (50ms). The store here
+	// is in memory, but a busy machine may still not run its read that
+	// soon: waiting for every read keeps the output the same anywhere.
+	cache, err := plans.NewCache(store, plans.WithReadWait(time.Minute))
 	if err != nil {
 		panic(err)
 	}
@@ -57,7 +62,7 @@ func (t tenants) Lookup(_ context.Context, subject string) (plans.Assignment, er
 
 func ExampleCache_Lookup() {
 	pro := plans.Plan{Name: "pro", Version: 7, Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(50).WithBurst(200)}}
-	cache, err := plans.NewCache(tenants{"acme": {Subject: "acme", Version: 9, Plan: pro}})
+	cache, err := plans.NewCache(tenants{"acme": {Subject: "acme", Version: 9, Plan: pro}}, plans.WithReadWait(time.Minute))
 	if err != nil {
 		panic(err)
 	}
@@ -95,7 +100,7 @@ func ExampleWithHooks() {
 	cache, err := plans.NewCache(store, plans.WithHooks(plans.Hooks{
 		StaleServed: func(subject string, err error) { fmt.Printf("serving %s's last good plan: %v\n", subject, err) },
 		LoadFailed:  func(subject string, err error) { fmt.Printf("serving %s the default plan: %v\n", subject, err) },
-	}))
+	}), plans.WithReadWait(time.Minute))
 	if err != nil {
 		panic(err)
 	}
@@ -124,7 +129,7 @@ func ExampleHooks() {
 		Hit:    func(string) { hits.Add(1) },
 		Miss:   func(string) { misses.Add(1) },
 		Loaded: func(string, plans.Assignment) { reads.Add(1) },
-	}))
+	}), plans.WithReadWait(time.Minute))
 	if err != nil {
 		panic(err)
 	}
@@ -139,6 +144,48 @@ func ExampleHooks() {
 	fmt.Printf("%d hits, %d misses, %d store reads\n", hits.Load(), misses.Load(), reads.Load())
 	// Output:
 	// 8 hits, 2 misses, 2 store reads
+}
+
+// hung is a Store whose database has stopped answering: its reads wait
+// until answer is closed, or their ctx ends.
+type hung struct {
+	tenants
+	answer chan struct{}
+}
+
+func (h hung) Lookup(ctx context.Context, subject string) (plans.Assignment, error) {
+	select {
+	case <-h.answer:
+		return h.tenants.Lookup(ctx, subject)
+	case <-ctx.Done():
+		return plans.Assignment{}, ctx.Err()
+	}
+}
+
+// With the store hung, a new subject waits for its plan no longer than
+// the read wait: it gets the default plan, and its plan once the read
+// lands. A subject the cache holds a plan for never waits on the store.
+func ExampleWithReadWait() {
+	pro := plans.Plan{Name: "pro", Version: 7, Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(50)}}
+	store := hung{tenants: tenants{"acme": {Subject: "acme", Version: 9, Plan: pro}}, answer: make(chan struct{})}
+	landed := make(chan struct{})
+	cache, err := plans.NewCache(store, plans.WithReadWait(10*time.Millisecond), plans.WithHooks(plans.Hooks{
+		Loaded: func(string, plans.Assignment) { close(landed) },
+	}))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	a, _ := cache.Lookup(ctx, "acme")
+	fmt.Println("acme is on", a.Plan.Name, "while the store does not answer")
+
+	close(store.answer) // the database answers
+	<-landed
+	a, _ = cache.Lookup(ctx, "acme")
+	fmt.Println("acme is on", a.Plan.Name, "once the read landed")
+	// Output:
+	// acme is on default while the store does not answer
+	// acme is on pro once the read landed
 }
 
 func ExamplePlanFromRow() {

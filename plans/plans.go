@@ -126,10 +126,10 @@ type Change struct {
 // Invalidator is what a store's change feed (plans/postgres's listener)
 // tells about changes; [Cache] implements it.
 type Invalidator interface {
-	// Invalidate makes entries older than c refresh before their next use.
+	// Invalidate makes entries older than c refresh at their next use.
 	// Duplicate and out-of-order changes are harmless.
 	Invalidate(c Change)
-	// Resync makes every entry refresh before its next use, still serving
-	// it if the refresh fails: changes may have been missed.
+	// Resync makes every entry refresh at its next use, still serving it
+	// if the refresh fails: changes may have been missed.
 	Resync()
 }

@@ -101,7 +101,9 @@ func TestPlanChangeAcrossProcessesIntegration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache, err := plans.NewCache(store)
+	// The first calls check the plan they get: they wait for its read,
+	// however slowly a busy machine runs it.
+	cache, err := plans.NewCache(store, plans.WithReadWait(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +176,7 @@ func TestPlanChildProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache, err := plans.NewCache(store)
+	cache, err := plans.NewCache(store, plans.WithReadWait(time.Minute)) // as the parent's
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,13 +227,13 @@ func TestPlanChildProcess(t *testing.T) {
 
 // TestPlansOutageIntegration stops Postgres under two plan caches. One,
 // with a TTL of 1ms, shows stale-if-error: its cached subject keeps its
-// plan though every lookup now goes to the store and fails. The other,
-// with a TTL of an hour and a listener, shows invalidation: during the
-// outage its cached subject keeps its plan and a subject it never saw gets
-// the default plan; after the restart a change made while its listener is
-// still away (held in its Disconnected hook) is not seen until the
-// listener reconnects, and then lands through the resync; later changes
-// arrive by notification again.
+// plan though its reads of the store now fail. The other, with a TTL of an
+// hour and a listener, shows invalidation: during the outage its cached
+// subject keeps its plan and a subject it never saw gets the default plan;
+// after the restart a change made while its listener is still away (held
+// in its Disconnected hook) is not seen until the listener reconnects, and
+// then lands through the resync; later changes arrive by notification
+// again.
 func TestPlansOutageIntegration(t *testing.T) {
 	skipShort(t)
 	server := testkit.StartPostgres(t)
@@ -245,13 +247,15 @@ func TestPlansOutageIntegration(t *testing.T) {
 
 	var mu sync.Mutex
 	var stale, failed []string
-	short, err := plans.NewCache(store, plans.WithTTL(time.Millisecond), plans.WithHooks(plans.Hooks{
+	// The lookups that wait for a read (the first of each subject) wait
+	// for it to end, however slowly a busy machine runs it.
+	short, err := plans.NewCache(store, plans.WithTTL(time.Millisecond), plans.WithReadWait(time.Minute), plans.WithHooks(plans.Hooks{
 		StaleServed: func(subject string, err error) { mu.Lock(); stale = append(stale, subject); mu.Unlock() },
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, err := plans.NewCache(store, plans.WithTTL(time.Hour), plans.WithHooks(plans.Hooks{
+	live, err := plans.NewCache(store, plans.WithTTL(time.Hour), plans.WithReadWait(time.Minute), plans.WithHooks(plans.Hooks{
 		LoadFailed: func(subject string, err error) { mu.Lock(); failed = append(failed, subject); mu.Unlock() },
 	}))
 	if err != nil {
@@ -300,6 +304,16 @@ func TestPlansOutageIntegration(t *testing.T) {
 	}
 	if got, want := capacity(live, "never-seen"), plans.DefaultPlan().Bandwidths[0].Capacity; got != want {
 		t.Errorf("never-seen during the outage: capacity %d, want the default plan's %d", got, want)
+	}
+	// short's lookup, past the TTL, did not wait for its read: the read
+	// fails in the background.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := min(len(stale), len(failed))
+		mu.Unlock()
+		if n > 0 || time.Now().After(deadline) {
+			break
+		}
 	}
 	mu.Lock()
 	t.Logf("during the outage: stale served for %v, the default plan for %v", stale, failed)
