@@ -68,7 +68,11 @@ func newDemo(ctx context.Context, opts options, log *slog.Logger) (_ *demo, err 
 	if err != nil {
 		return nil, err
 	}
-	cache, err := plans.NewCache(planStore, plans.WithHooks(sluiceotel.PlanHooks(telemetry...)))
+	// The plan store is in memory and never hangs: a lookup that waits for
+	// a read (a new subject's, or the first after a plan change) waits for
+	// it to end, rather than plans.DefaultReadWait at most, so that a
+	// change applies on the next request however busy the machine is.
+	cache, err := plans.NewCache(planStore, plans.WithReadWait(time.Minute), plans.WithHooks(sluiceotel.PlanHooks(telemetry...)))
 	if err != nil {
 		return nil, err
 	}
