@@ -11,7 +11,6 @@ require (
 	github.com/redis/rueidis v1.0.79
 	github.com/shogo82148/go-sfv v0.3.3
 	go.uber.org/goleak v1.3.0
-	golang.org/x/sync v0.22.0
 )
 
 require (
@@ -20,6 +19,7 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
+	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
