@@ -56,13 +56,13 @@ const (
 	//
 	// 50ms is failpolicy's default deadline for a rate-limit decision: with
 	// the plan store hung, a request waits for its plan no longer than it
-	// may wait for the decision itself, and only once per subject. A
-	// healthy store is far inside it: plans/postgres's lookup takes 80-150µs
-	// and a new connection on a LAN a few milliseconds, so a subject's first
+	// may wait for the decision itself, and only once per new subject or
+	// notification. A healthy store is far inside it (plans/postgres's
+	// lookup takes 80-150µs, docs/plans.md says), so a subject's first
 	// request, and the first after a plan change, get the plan the store
 	// holds. A longer wait trades latency while the store is hung for fewer
-	// requests decided on the default plan while it is slow; a wait longer
-	// than the load timeout waits for every read to end.
+	// requests decided on the default or old plan while it is slow; a wait
+	// longer than the load timeout waits for every read to end.
 	DefaultReadWait = 50 * time.Millisecond
 )
 
