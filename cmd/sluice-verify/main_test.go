@@ -225,6 +225,27 @@ func TestVerifyCatchesRacyStore(t *testing.T) {
 	t.Error("the racy store stayed within the bound in 3 runs")
 }
 
+// TestVerifyReportsUnknownTokens: calls whose deadline (1µs) ends before
+// they can be decided fail, and each one's token is unknown: it may have
+// been taken. The report says how many (unknown_tokens), the bound still
+// holds with them, and the run is "calls failed", not ok.
+func TestVerifyReportsUnknownTokens(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: each run takes seconds")
+	}
+	t.Parallel()
+	addr := testkit.StartRedis(t).Addr()
+	code, rep := verifiedJSON(t, "--redis", addr, "--timeout", "1us", "--buckets", "TokenBucket", "--adapters", "goredis")
+	if len(rep.Runs) != 1 {
+		t.Fatalf("%d runs; want 1", len(rep.Runs))
+	}
+	r := rep.Runs[0]
+	t.Logf("exit %d, %s: admitted %d, failed %d, unknown tokens %d, remaining %d, bound [%d, %d]: %s", code, r.Verdict, r.Admitted, r.Failed, r.Unknown, r.Remaining, r.Bound.Low, r.Bound.High, r.Error)
+	if code != exitBroken || r.Verdict != verdictFailed || r.Failed == 0 || r.Unknown != int64(r.Failed) {
+		t.Errorf("exit %d, %s, %d failed, %d unknown tokens; want %d, %s, some failed, each with its one token unknown", code, r.Verdict, r.Failed, r.Unknown, exitBroken, verdictFailed)
+	}
+}
+
 // TestVerifyRefusesUsedPrefix: with a key under its prefix on the server,
 // the command makes no run, exits 2 and leaves the key as it was.
 func TestVerifyRefusesUsedPrefix(t *testing.T) {

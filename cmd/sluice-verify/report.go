@@ -62,11 +62,14 @@ type runReport struct {
 	Algorithm string `json:"algorithm"`
 	Verdict   string `json:"verdict"`
 	// Error says why the run broke its bound, or could not be made.
-	Error     string        `json:"error,omitempty"`
-	Made      int           `json:"calls"`
-	Admitted  int           `json:"admitted"`
-	Denied    int           `json:"denied"`
-	Failed    int           `json:"failed"`
+	Error    string `json:"error,omitempty"`
+	Made     int    `json:"calls"`
+	Admitted int    `json:"admitted"`
+	Denied   int    `json:"denied"`
+	Failed   int    `json:"failed"`
+	// Unknown are the tokens of the failed calls whose outcome is
+	// unknown (harness.Tally's Unknown): they lower the low bound.
+	Unknown   int64         `json:"unknown_tokens"`
 	Remaining int64         `json:"remaining"`
 	Bound     boundReport   `json:"bound"`
 	Seconds   float64       `json:"seconds"`
@@ -75,7 +78,8 @@ type runReport struct {
 }
 
 // boundReport is harness.Bounds: admitted + remaining must lie within
-// [Low, High], and be Low exactly when the two are equal.
+// [Low − unknown tokens, High], and be Low exactly when the two are equal
+// and no call's outcome is unknown.
 type boundReport struct {
 	Low        int64   `json:"low"`
 	High       int64   `json:"high"`

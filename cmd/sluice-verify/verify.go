@@ -121,7 +121,7 @@ func measure(ctx context.Context, o options, adapter string, b harness.Bucket, p
 		return r
 	}
 	n := res.Tally
-	r.Made, r.Admitted, r.Denied, r.Failed = n.Calls, n.Admitted, n.Denied, n.Failed
+	r.Made, r.Admitted, r.Denied, r.Failed, r.Unknown = n.Calls, n.Admitted, n.Denied, n.Failed, n.Unknown
 	r.Remaining = res.Remaining
 	r.Bound = boundReport{Low: res.Bounds.Low, High: res.Bounds.High, SpanMillis: millis(res.Bounds.Span)}
 	r.Seconds = n.Span().Seconds()

@@ -62,9 +62,9 @@ func checkAdmission(t *testing.T, c client, r run) {
 	if err := res.Check(); err != nil {
 		t.Error(err)
 	}
-	t.Logf("%d processes × %d goroutines, %d calls in %v (%.0f/s): admitted %d, denied %d, failed %d, remaining %d; bound [%d, %d] over %v of server time",
+	t.Logf("%d processes × %d goroutines, %d calls in %v (%.0f/s): admitted %d, denied %d, failed %d (%d tokens unknown), remaining %d; bound [%d − unknown, %d] over %v of server time",
 		r.processes, r.goroutines, n.Calls, n.Span().Round(time.Millisecond), n.Rate(),
-		n.Admitted, n.Denied, n.Failed, res.Remaining, b.Low, b.High, b.Span.Round(time.Millisecond))
+		n.Admitted, n.Denied, n.Failed, n.Unknown, res.Remaining, b.Low, b.High, b.Span.Round(time.Millisecond))
 	if r.fault != nil {
 		logFault(t, r, res.Calls, m)
 	}

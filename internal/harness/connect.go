@@ -7,7 +7,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -88,7 +90,7 @@ func Connect(spec Spec) (*Conn, error) {
 		return conn, nil
 	case BackendRueidis:
 		opt, settings := rueidisOption(spec.Server, tlsConfig)
-		c, err := rueidis.NewClient(opt)
+		c, err := newRueidis(opt)
 		if err != nil {
 			return nil, err
 		}
@@ -241,4 +243,23 @@ func (t *TLS) config() (*tls.Config, error) {
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
+}
+
+// dialPatience is how long newRueidis tries to dial.
+const dialPatience = 5 * time.Second
+
+// newRueidis is rueidis.NewClient, which dials at once: it tries again
+// every 10ms for up to dialPatience while the dial fails on the network
+// (a server started just before, or a machine too busy to answer in
+// time), and returns any other error at once.
+func newRueidis(opt rueidis.ClientOption) (rueidis.Client, error) {
+	start := time.Now()
+	for {
+		c, err := rueidis.NewClient(opt)
+		var netErr *net.OpError
+		if err == nil || !errors.As(err, &netErr) || time.Since(start) >= dialPatience {
+			return c, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -313,17 +313,48 @@ func checkHolds(spec Spec) error {
 // call makes attempt i: it reports the start, and returns the call to
 // report once done.
 func call(o *out, g *gate, b ratelimit.Backend, spec Spec, index, gi, i int) *Call {
-	c := &Call{Instance: index, Goroutine: gi, Attempt: i}
+	req := spec.Requests[i%len(spec.Requests)]
+	c := &Call{Instance: index, Goroutine: gi, Attempt: i, Tokens: tokens(req)}
 	c.Start = time.Now().UnixNano()
 	started := *c
 	o.line(Line{Started: &started})
 	ctx, cancel := context.WithTimeout(context.Background(), g.start(i))
 	defer cancel()
-	d, err := b.Do(ctx, spec.Key, spec.Config, spec.Requests[i%len(spec.Requests)])
+	d, err := b.Do(ctx, spec.Key, spec.Config, req)
 	c.End = time.Now().UnixNano()
+	c.record(d, err)
+	return c
+}
+
+// tokens are what req takes if admitted: see [Call].Tokens.
+func tokens(req ratelimit.Request) int64 {
+	switch req.Op {
+	case ratelimit.Consume, ratelimit.ConsumeUpTo:
+		return req.Tokens
+	}
+	return 0
+}
+
+// record sets c's outcome from what its call returned: its decision, or
+// its error and whether that error leaves the bucket alone.
+func (c *Call) record(d ratelimit.Decision, err error) {
 	c.Decision = d
 	if err != nil {
 		c.Err = err.Error()
+		c.Refused = refused(err)
 	}
-	return c
+}
+
+// refused says whether err is one a backend returns without changing the
+// bucket: bad input, or a key the store rejects (its script leaves the key
+// alone). A timeout or a lost connection is not: the command may have run.
+func refused(err error) bool {
+	for _, e := range []error{
+		ratelimit.ErrInvalidConfig, ratelimit.ErrInvalidKey, ratelimit.ErrInvalidRequest, ratelimit.ErrKeyRejected,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }

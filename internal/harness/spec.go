@@ -160,10 +160,22 @@ type Call struct {
 	Start, End int64
 	// Decision is the call's decision; meaningless when Err is set.
 	Decision ratelimit.Decision
-	// Err is the error the call returned, or "", or [ErrUnreported]. A call
-	// with an error may or may not have taken effect.
+	// Err is the error the call returned, or "", or [ErrUnreported].
 	Err string
+	// Refused says that Err is one that leaves the bucket alone: the
+	// call was refused before it could take anything (invalid input, or a
+	// key the store rejects). Any other error, a timeout
+	// or a connection lost after the command was sent, leaves the call's
+	// outcome unknown: it may or may not have taken its Tokens.
+	Refused bool `json:",omitempty"`
+	// Tokens are the tokens the call takes if admitted: its request's for
+	// Consume and ConsumeUpTo (at most that many), 0 for the others.
+	Tokens int64 `json:",omitempty"`
 }
+
+// Unknown says whether the call's outcome is unknown: it returned an error
+// that does not say the bucket was left alone, or it was never reported.
+func (c Call) Unknown() bool { return c.Err != "" && !c.Refused }
 
 // ErrUnreported is the Err of a call that an instance started but never
 // reported, because it died; End is then 0.
