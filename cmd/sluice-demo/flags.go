@@ -22,7 +22,16 @@ type options struct {
 	redisAddrs []string
 	// cluster makes redisAddrs the seeds of a Redis Cluster.
 	cluster bool
+	// replicas is how many demo processes share the Redis buckets, so
+	// that while Redis is away each decides in its share of each limit
+	// (failpolicy.WithInstances); at least 1, and only 1 without Redis.
+	replicas int
 }
+
+// maxReplicas is the most --replicas takes: far beyond any demo, and small
+// enough that a typo (an extra digit or two) is an error, not a share of
+// 1 token for every limit.
+const maxReplicas = 1000
 
 // parseFlags reads the command line (without the program name). Usage and
 // flag syntax errors go to output; the error returned names the flag at
@@ -33,8 +42,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	listen := fs.String("listen", defaultListen, "serve the demo at this `address` (host:port; an empty host listens on every interface)")
 	redisAddr := fs.String("redis", "", "keep buckets in the Redis server at this `address` (host:port) instead of in memory")
 	cluster := fs.Bool("cluster", false, "treat --redis as a comma-separated list of Redis Cluster seed addresses")
+	replicas := fs.String("replicas", "1", "how many demo processes share the --redis buckets (`N`, 1 to 1000): while Redis is away each decides in 1/N of each limit")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "Usage: sluice-demo [--listen ADDR] [--redis ADDR [--cluster]]\n\n"+
+		fmt.Fprint(fs.Output(), "Usage: sluice-demo [--listen ADDR] [--redis ADDR [--cluster] [--replicas N]]\n\n"+
 			"Serves a web page that shows sluice rate limiting plans of a free tenant,\n"+
 			"a pro tenant and anonymous callers. Buckets live in memory unless --redis\n"+
 			"names a Redis server (or, with --cluster, a Redis Cluster's seeds).\n\n")
@@ -55,7 +65,26 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		return options{}, err
 	}
 	opts.redisAddrs = addrs
+	if opts.replicas, err = parseReplicas(*replicas, len(addrs) > 0); err != nil {
+		return options{}, err
+	}
 	return opts, nil
+}
+
+// parseReplicas validates --replicas: a whole number from 1 to
+// maxReplicas, and more than 1 only with Redis, as in-memory buckets are
+// not shared.
+func parseReplicas(value string, redis bool) (int, error) {
+	n, err := strconv.Atoi(value)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("--replicas %q: not a whole number", value)
+	case n < 1 || n > maxReplicas:
+		return 0, fmt.Errorf("--replicas %d: want 1 to %d", n, maxReplicas)
+	case n > 1 && !redis:
+		return 0, fmt.Errorf("--replicas %d needs --redis: replicas share limits only through Redis; in memory each process has its own", n)
+	}
+	return n, nil
 }
 
 // redisAddrs validates --redis and --cluster together.

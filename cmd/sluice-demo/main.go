@@ -22,6 +22,18 @@
 //	                fail policy decides while the server is away
 //	--cluster       read --redis as a comma-separated list of Redis Cluster
 //	                seed addresses
+//	--replicas N    how many demo processes share the --redis buckets
+//	                (default 1, at most 1000): while Redis is away each
+//	                decides in 1/N of each limit (failpolicy.WithInstances),
+//	                so that N replicas together stay within it
+//
+// In front of Redis the fail policy has a 2s deadline, not the default
+// 50ms: a busy machine misses 50ms on healthy calls, which opens the
+// breaker and sends every decision to the shares; with 2s only a Redis
+// that is really down (or hung) does. Two replicas on one Redis:
+//
+//	go run ./cmd/sluice-demo --redis 127.0.0.1:6379 --replicas 2 --listen :8080
+//	go run ./cmd/sluice-demo --redis 127.0.0.1:6379 --replicas 2 --listen :8081
 //
 // A flag that does not hold ends the program with status 2 and a message
 // naming the flag. SIGINT or SIGTERM shuts the server down gracefully and

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -45,5 +47,51 @@ func TestRedisIntegration(t *testing.T) {
 				t.Errorf("a burst of 20 on a bucket of 5: got %v", statuses)
 			}
 		})
+	}
+}
+
+// TestReplicasShareWhenDown runs two replicas of the demo on one Redis
+// with --replicas 2 (issue 28, item 7). With Redis up, bursts on both are
+// decided exactly: 5 admitted of a bucket of 5. With Redis killed, each
+// replica decides in its share, half the bucket: 2 each, 4 in all, where
+// each replica deciding with the whole bucket admitted 10.
+func TestReplicasShareWhenDown(t *testing.T) {
+	testkit.RequireRedisServer(t)
+	r := testkit.StartRedis(t)
+	var srvs [2]*httptest.Server
+	for i := range srvs {
+		d, err := newDemo(t.Context(), options{redisAddrs: []string{r.Addr()}, replicas: 2}, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srvs[i] = httptest.NewServer(d.handler)
+		t.Cleanup(func() {
+			srvs[i].Close()
+			if err := d.Close(context.WithoutCancel(t.Context())); err != nil {
+				t.Error(err)
+			}
+		})
+		mustPutPlan(t, srvs[i], "free", slowFree)
+	}
+	bursts := func() (total map[int]int, each [2]map[int]int) {
+		var wg sync.WaitGroup
+		for i, srv := range srvs {
+			wg.Go(func() { each[i], _ = burst(t, srv, 10, keyFree) })
+		}
+		wg.Wait()
+		total = map[int]int{}
+		for _, m := range each {
+			for status, n := range m {
+				total[status] += n
+			}
+		}
+		return total, each
+	}
+	if total, each := bursts(); total[http.StatusOK] != 5 || total[http.StatusTooManyRequests] != 15 {
+		t.Errorf("bursts of 10 on each of two replicas, on a bucket of 5 in Redis: got %v (%v, %v); want 5 admitted", total, each[0], each[1])
+	}
+	r.Kill(t)
+	if total, each := bursts(); each[0][http.StatusOK] != 2 || each[1][http.StatusOK] != 2 || total[http.StatusTooManyRequests] != 16 {
+		t.Errorf("bursts of 10 on each of two replicas, on a bucket of 5, with Redis killed: got %v (%v, %v); want 4 admitted, 2 by each replica's share", total, each[0], each[1])
 	}
 }

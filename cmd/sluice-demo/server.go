@@ -58,7 +58,7 @@ func newDemo(ctx context.Context, opts options, log *slog.Logger) (_ *demo, err 
 	}
 	d.onClose(func(context.Context) error { return st.close() })
 	d.storeKind = st.kind
-	backend, err := newBackend(st, telemetry)
+	backend, err := newBackend(st, opts.replicas, telemetry)
 	if err != nil {
 		return nil, err
 	}
@@ -96,13 +96,29 @@ func newDemo(ctx context.Context, opts options, log *slog.Logger) (_ *demo, err 
 	return d, nil
 }
 
+// redisDeadline is the fail policy's per-decision deadline in front of
+// Redis (failpolicy.WithTimeout). The default, 50ms, is met by a healthy
+// Redis on a quiet machine, but a busy one misses it: the misses opened
+// the breaker, and each replica then decided alone, in its share, while
+// Redis was fine (issue 28, item 7: two replicas admitted 33 and 27
+// against a bound of 14). Only a Redis that is really down should open
+// the breaker. A stopped one refuses connections, which fails a decision
+// within go-redis's dial retries (5, 100ms apart) whatever the deadline,
+// so the deadline matters only for a hung one: 2s, far beyond any
+// healthy call on a loaded machine, and below the client's own 5s read
+// and write timeouts, so that the policy's deadline ends the call.
+const redisDeadline = 2 * time.Second
+
 // newBackend puts sluice's decorators around the store: the telemetry
 // always, and in front of Redis a fail policy that decides locally while
-// the server is away, rather than failing every request.
-func newBackend(st store, telemetry []sluiceotel.Option) (*ratelimit.Stacked, error) {
+// the server is away, rather than failing every request, each of the
+// replicas in its share of each limit.
+func newBackend(st store, replicas int, telemetry []sluiceotel.Option) (*ratelimit.Stacked, error) {
 	layers := []ratelimit.Layer{sluiceotel.Layer(telemetry...)}
 	if st.kind != "memory" {
 		layers = append(layers, failpolicy.Layer(failpolicy.Local,
+			failpolicy.WithInstances(max(1, replicas)),
+			failpolicy.WithTimeout(redisDeadline),
 			failpolicy.WithHooks(sluiceotel.FailPolicyHooks(telemetry...))))
 	}
 	return ratelimit.Stack(st.backend, layers...)
