@@ -67,9 +67,10 @@ func (o Op) String() string {
 
 // Inheritance says how a bucket's tokens carry over when its config changes.
 // Bandwidths are matched by ID, or by position when both have no ID; a new
-// bandwidth with no match starts as in a new bucket. Tokens carry over
-// whole, fractions dropped, and the time since the bucket was last touched
-// refills at the new rate.
+// bandwidth with no match starts as in a new bucket. AsIs and Additive
+// carry tokens over whole, fractions dropped; Proportionally scales the
+// exact level, fraction included. The time since the bucket was last
+// touched refills at the new rate.
 //
 // The window algorithms (FixedWindow, SlidingWindowLog,
 // SlidingWindowCounter) have no tokens to carry: across a config change
@@ -86,8 +87,10 @@ const (
 	// ResetTokens starts every bandwidth as in a new bucket. (Bucket4j calls
 	// it RESET; the name Reset is taken by the [Op].)
 	ResetTokens
-	// Proportionally scales the tokens by newCapacity/oldCapacity, rounding
-	// down.
+	// Proportionally scales the tokens, fraction included, by
+	// newCapacity/oldCapacity, rounding down once, to the smallest part of
+	// a token the bandwidth counts (see [State]): 1.8 tokens of a capacity
+	// of 10 become 36 of 200, as in Bucket4j.
 	Proportionally
 	// Additive keeps min(tokens, newCapacity) and adds any capacity the
 	// bandwidth gained: + max(0, newCapacity - oldCapacity).

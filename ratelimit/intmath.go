@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// mulDivFloor returns floor(a×b/c) for b, c ≥ 1 and b ≤ c×2^k, exactly,
-// saturating at ±MaxInt64 where it does not fit.
+// mulDivFloor returns floor(a×b/c) for b, c ≥ 1, exactly, saturating at
+// ±MaxInt64 where it does not fit.
 func mulDivFloor(a, b, c int64) int64 {
 	neg := a < 0
 	ua := uint64(a)

@@ -37,12 +37,13 @@ type refBand struct {
 	// start is, for Interval kinds below capacity, when the current period
 	// began.
 	start int64
-	// touched and anchor are what a config change inherits: the whole
-	// tokens left by the last request, and the instant from which the new
-	// config refills (the last request, or the start of the period then
-	// running).
-	touched int64
-	anchor  int64
+	// touched, touchedNum and anchor are what a config change inherits:
+	// the whole tokens left by the last request, the exact tokens then (as
+	// num), and the instant from which the new config refills (the last
+	// request, or the start of the period then running).
+	touched    int64
+	touchedNum int64
+	anchor     int64
 }
 
 func newRefBand(b Bandwidth, now int64) refBand {
@@ -92,6 +93,21 @@ func (r *refBand) tick(t int64) {
 	}
 }
 
+// unit is the smallest part of a token the band counts, in num: whole
+// tokens for Interval kinds, and for Greedy the largest that both a
+// microsecond's refill and a token are whole numbers of (found by search,
+// not by Euclid's algorithm, to share nothing with Apply).
+func (r *refBand) unit() int64 {
+	if r.bw.Refill != Greedy {
+		return r.period
+	}
+	u := r.bw.RefillTokens
+	for r.period%u != 0 || r.bw.RefillTokens%u != 0 {
+		u--
+	}
+	return u
+}
+
 // take removes n tokens; a period starts if the band was full.
 func (r *refBand) take(n, now int64) {
 	if r.full() {
@@ -112,7 +128,7 @@ func (r refBand) timeTo(n, now int64) int64 {
 
 // touch records what a config change would inherit after a request at now.
 func (r *refBand) touch(now int64) {
-	r.touched = r.whole()
+	r.touched, r.touchedNum = r.whole(), r.num
 	switch {
 	case r.bw.Refill == Greedy:
 		r.anchor = now
@@ -279,20 +295,24 @@ func (m *refBucket) convert(cfg Config, strategy Inheritance, now int64) {
 		}
 		o := old[j]
 		oldCap, newCap, tokens := o.bw.Capacity, b.Capacity, o.touched
+		r := newRefBand(b, now)
 		switch strategy {
 		case AsIs:
-			tokens = min(tokens, newCap)
+			r.num = min(tokens, newCap) * r.period
 		case Proportionally:
-			p := tokens * newCap // tiny in the model: no overflow
-			tokens = p / oldCap
-			if p < 0 && p%oldCap != 0 {
-				tokens--
+			// The exact tokens times newCap/oldCap, rounded down once, to
+			// the smallest part of a token the new band counts.
+			unit := r.unit()
+			p := o.touchedNum * newCap * r.period // tiny in the model: no overflow
+			q := oldCap * o.period * unit
+			r.num = p / q
+			if p < 0 && p%q != 0 {
+				r.num--
 			}
+			r.num *= unit
 		case Additive:
-			tokens = min(tokens, newCap) + max(0, newCap-oldCap)
+			r.num = (min(tokens, newCap) + max(0, newCap-oldCap)) * r.period
 		}
-		r := newRefBand(b, now)
-		r.num = tokens * r.period
 		r.start = r.boundary(o.anchor)
 		for t := r.start; t < now; t++ {
 			r.tick(t)

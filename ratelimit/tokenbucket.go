@@ -84,25 +84,27 @@ func (s *State) convert(cfg *Config, fp uint64, strategy Inheritance, now int64)
 		if strategy == ResetTokens || j < 0 {
 			continue
 		}
-		o := &old[j]
-		tokens := inherit(floorDiv(o.Level, o.Scale), o.Capacity, b.Capacity, strategy)
-		nb := &s.Bands[i]
-		nb.Level = max(tokens, ceilDiv(minLevel(b, nb), nb.Scale)) * nb.Scale
+		o, nb := &old[j], &s.Bands[i]
+		nb.Level = inherit(o, nb, ceilDiv(minLevel(b, nb), nb.Scale), strategy)
 		nb.Stamp = periodStart(b, o.Stamp)
 	}
 	s.Fingerprint = fp
 }
 
-// inherit returns the whole tokens a bandwidth keeps when its capacity goes
-// from oldCap to newCap.
-func inherit(tokens, oldCap, newCap int64, strategy Inheritance) int64 {
-	switch strategy {
-	case Proportionally:
-		return mulDivFloor(tokens, newCap, oldCap)
-	case Additive:
-		return min(tokens, newCap) + max(0, newCap-oldCap)
+// inherit returns the level, in nb's scaled units, that a bandwidth keeps
+// when its state goes from o to nb's capacity and scale, and at least
+// least tokens (its debt limit). Proportionally scales the exact level,
+// fraction included, by the ratio of the capacities and rounds down once,
+// to nb's scaled unit; the other strategies carry whole tokens.
+func inherit(o, nb *BandState, least int64, strategy Inheritance) int64 {
+	if strategy == Proportionally {
+		return max(mulDivFloor(o.Level, nb.Capacity*nb.Scale, o.Capacity*o.Scale), least*nb.Scale)
 	}
-	return min(tokens, newCap)
+	tokens := min(floorDiv(o.Level, o.Scale), nb.Capacity)
+	if strategy == Additive {
+		tokens += max(0, nb.Capacity-o.Capacity)
+	}
+	return max(tokens, least) * nb.Scale
 }
 
 // refill brings st up to now.

@@ -665,15 +665,15 @@ func TestApplyConfigChange(t *testing.T) {
 		{"Additive, capacity up", []step{used4, {at: 0, cfg: &up, req: with(Additive), want: allowed(20, 14, 0, 6000, "a")}}},
 		{"AsIs, capacity down", []step{used4, {at: 0, cfg: &down, req: with(AsIs), want: allowed(3, 3, 0, 0, "a")}}},
 		{"ResetTokens, capacity down", []step{used4, {at: 0, cfg: &down, req: with(ResetTokens), want: allowed(3, 3, 0, 0, "a")}}},
-		{"Proportionally, capacity down", []step{used4, {at: 0, cfg: &down, req: with(Proportionally), want: allowed(3, 1, 0, 2000, "a")}}},
+		{"Proportionally, capacity down", []step{used4, {at: 0, cfg: &down, req: with(Proportionally), want: allowed(3, 1, 0, 1800, "a")}}}, // 1.2
 		{"Additive, capacity down", []step{used4, {at: 0, cfg: &down, req: with(Additive), want: allowed(3, 3, 0, 0, "a")}}},
-		{"Proportionally rounds down", []step{
+		{"Proportionally keeps the fraction", []step{
 			{at: 0, req: consume(2), want: allowed(10, 8, 2, 2000, "a")},
-			{at: 0, cfg: &down7, req: with(Proportionally), want: allowed(7, 5, 0, 2000, "a")},
+			{at: 0, cfg: &down7, req: with(Proportionally), want: allowed(7, 5, 0, 1400, "a")}, // 5.6
 		}},
 		{"AsIs in debt", append(indebt[:2:2], step{at: 0, cfg: &up, req: with(AsIs), want: denied(20, 0, 4000, 23000, "a")})},
 		{"Proportionally in debt", append(indebt[:2:2], step{at: 0, cfg: &up, req: with(Proportionally), want: denied(20, 0, 7000, 26000, "a")})},
-		{"Proportionally in debt rounds down", append(indebt[:2:2], step{at: 0, cfg: &down5, req: with(Proportionally), want: denied(5, 0, 3000, 7000, "a")})},
+		{"Proportionally in debt keeps the fraction", append(indebt[:2:2], step{at: 0, cfg: &down5, req: with(Proportionally), want: denied(5, 0, 2500, 6500, "a")})}, // -1.5
 		{"Additive in debt", append(indebt[:2:2], step{at: 0, cfg: &up, req: with(Additive), want: allowed(20, 7, 0, 13000, "a")})},
 		{"ResetTokens in debt", append(indebt[:2:2], step{at: 0, cfg: &up, req: with(ResetTokens), want: allowed(20, 20, 0, 0, "a")})},
 		{

@@ -249,10 +249,10 @@ func fixedGarbage(r *rand.Rand, cfg ratelimit.Config, now int64) (v []byte, stat
 		kind = fixedDamaged
 	case 3:
 		alg := []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter, ratelimit.LeakyBucket}[r.IntN(5)]
-		v[0] = byte(16*(int(alg)+1) + int(v[0])%16) // the same shape: well formed
+		v[0] = byte(formatOf(alg) + int(v[0])%16) // the same shape: well formed
 		kind = fixedForeign
 	case 4:
-		v[0] = byte(112 + r.IntN(144+16))
+		v[0] = byte(r.IntN(16) + versionedFormat*r.IntN(2)) // below every format, versioned or not
 		kind = fixedNotOurs
 	}
 	return v, state, kind

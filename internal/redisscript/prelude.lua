@@ -79,6 +79,7 @@ local key, arg, cfg, count, fp, op, tokens, maxWait, strategy, now, algorithm, v
 
 -- FORMAT is the first format byte of the algorithm's states (see below).
 local FORMAT
+local TOKEN_BUCKET_FORMAT, LEGACY_FORMAT = 112, 16
 
 -- blob is the packed bandwidths of a versioned cfg, as a state keeps them:
 -- the request's, or those adopted from the state. callerCfg and
@@ -96,6 +97,9 @@ local function begin(keys, args)
   version = cfg[8 * count + 9]
   blob, callerCfg, callerCount = nil, nil, nil
   FORMAT = 16 * (algorithm + 1)
+  if algorithm == 0 then
+    FORMAT = TOKEN_BUCKET_FORMAT
+  end
   clockGiven = now >= 0
   if not clockGiven then
     local t = redis.call('TIME')
@@ -111,12 +115,15 @@ end
 --   an unsigned and a signed integer, each pair in n bytes (1 to 7) as its
 --   width byte says, then B ID length, c ID.
 -- What the pairs hold is each algorithm's. Each algorithm has its own 16
--- formats, from 16 × (algorithm + 1): a value in another algorithm's is a
--- bucket whose algorithm changed, and it starts afresh.
+-- formats, from 16 × (algorithm + 1), but for the token bucket's, from
+-- TOKEN_BUCKET_FORMAT: a value in another algorithm's is a bucket whose
+-- algorithm changed, and it starts afresh. The token bucket's formats moved
+-- when its pairs changed; its earlier ones, from 16, are LEGACY_FORMAT's,
+-- which it still reads (see tokenbucket.lua).
 -- A state built for a versioned config (version above 0) has VERSIONED
 -- added to its first byte, and after the bandwidths: I7 version, I2 length
 -- and the config's bandwidths as the request packs them (see adopt).
-local FORMATS_END, VERSIONED = 112, 128
+local FORMATS_END, VERSIONED = 128, 128
 
 -- PAIRS[w] is struct's format for an unsigned and a signed integer of w
 -- bytes, spelled out: building it from w would format w with sprintf.
@@ -386,7 +393,8 @@ local function logIsNewer(head)
 end
 
 -- readState reads the bucket's string: it returns the value, the
--- bandwidth count, fingerprint, expiry and fields decoded from it; false
+-- bandwidth count, fingerprint, expiry and fields decoded from it, and
+-- whether it is a token bucket's in LEGACY_FORMAT's layout; false
 -- when the key is absent or holds another algorithm's state (a sliding
 -- log's sorted set included); or nil and the reply to return, for a value
 -- sluice did not write or a stale call that changes nothing. A live state
@@ -409,7 +417,8 @@ local function readState()
     return false
   end
   local head = (byte(v, 1) or 0) % VERSIONED
-  if head >= FORMAT and head < FORMAT + 16 then
+  local legacy = FORMAT == TOKEN_BUCKET_FORMAT and head >= LEGACY_FORMAT and head < LEGACY_FORMAT + 16
+  if legacy or head >= FORMAT and head < FORMAT + 16 then
     local n, oldFp, exp, old, v2, b = decodeState(v)
     if n == nil then
       return nil, corrupt()
@@ -417,7 +426,7 @@ local function readState()
     if v2 > version and now < exp and not adopt(n, b, v2, oldFp) then
       return nil, staleDenial()
     end
-    return v, n, oldFp, exp, old
+    return v, n, oldFp, exp, old, legacy
   end
   local n, _, exp, _, v2 = sluiceState(v)
   if n == nil then
@@ -460,7 +469,7 @@ local function store(packed, expiry, kept)
   end
 end
 
--- mulDivFloor is floor(a*b/c) for 1 <= b, c <= 2^50 and |a| <= 2^52,
+-- mulDivFloor is floor(a*b/c) for 1 <= b, c <= 2^51 and |a| <= 2^52,
 -- exact, saturating at ±2^53 where the result passes 2^52 (the caller
 -- clamps it to less than that).
 local function mulDivFloor(a, b, c)
@@ -498,20 +507,30 @@ local function mulDivFloor(a, b, c)
   return q
 end
 
--- inherit is the whole tokens t a bandwidth keeps, by the request's
--- strategy (not ResetTokens), when its capacity goes from oldCap to newCap,
--- as inherit in ratelimit/tokenbucket.go.
-local function inherit(t, oldCap, newCap)
+-- inherit is the level, in units of newScale, that a bandwidth keeps, by
+-- the request's strategy (not ResetTokens), when it goes from level l at
+-- scale and capacity oldCap to newCap and newScale, and at least least
+-- tokens, as inherit in ratelimit/tokenbucket.go: Proportionally scales the
+-- exact level and rounds down once; the others carry whole tokens.
+local function inherit(l, scale, oldCap, newCap, newScale, least)
   if strategy == PROPORTIONALLY then
-    return mulDivFloor(t, newCap, oldCap)
+    l, least = mulDivFloor(l, newCap * newScale, oldCap * scale), least * newScale
+    if l < least then
+      return least
+    end
+    return l
   end
+  local t = (l - l % scale) / scale
   if t > newCap then
     t = newCap
   end
   if strategy == ADDITIVE and newCap > oldCap then
     t = t + newCap - oldCap
   end
-  return t
+  if t < least then
+    t = least
+  end
+  return t * newScale
 end
 
 -- match finds the bandwidth of a decoded state of n bandwidths that

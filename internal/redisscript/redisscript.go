@@ -32,8 +32,8 @@
 // algorithm run by EVALSHA, once a server refuses Redis Functions.
 //
 // The token bucket, GCRA, the fixed window and the sliding window counter
-// keep a string of a few dozen bytes (24 for a token bucket of one
-// bandwidth of 100 a second after one request, 26 of 10 a second): a
+// keep a string of a few dozen bytes (28 for a token bucket of one
+// bandwidth of 100 a second after one request, 30 of 10 a second): a
 // format byte (which also tells the algorithm), the config's 8-byte
 // fingerprint, the expiry in µs, then per bandwidth two pairs of integers
 // in as few bytes as they need, and its ID.

@@ -75,13 +75,12 @@ func checkTokenBucket(stored redis.Cmder, state ratelimit.State, now int64) erro
 	if err != nil {
 		return fmt.Errorf("GET: %w", err)
 	}
-	gotState, fractions, err := decodeState(v)
+	gotState, err := decodeState(v)
 	if err != nil {
 		return err
 	}
-	wantState, wantFractions := storedForm(state)
-	if !equalState(gotState, wantState) || !slices.Equal(fractions, wantFractions) {
-		return fmt.Errorf("stored state\n %+v, fractions %v\nwant\n %+v, fractions %v", gotState, fractions, wantState, wantFractions)
+	if wantState := storedForm(state); !equalState(gotState, wantState) {
+		return fmt.Errorf("stored state\n %+v\nwant\n %+v", gotState, wantState)
 	}
 	return nil
 }
@@ -223,22 +222,14 @@ func matchApply(t *testing.T, c *redis.Client, alg ratelimit.Algorithm, check st
 	}
 }
 
-// storedForm is s as the script stores it: each level as whole tokens
-// (with Scale 1) and a fraction, and no rate.
-func storedForm(s ratelimit.State) (ratelimit.State, []int64) {
+// storedForm is s as the script stores it: with no rate.
+func storedForm(s ratelimit.State) ratelimit.State {
 	out := s
 	out.Bands = slices.Clone(s.Bands)
-	var fractions []int64
 	for i := range out.Bands {
-		b := &out.Bands[i]
-		tokens := b.Level / b.Scale
-		if b.Level%b.Scale < 0 {
-			tokens--
-		}
-		fractions = append(fractions, b.Level-tokens*b.Scale)
-		b.Level, b.Scale, b.Rate = tokens, 1, 0
+		out.Bands[i].Rate = 0
 	}
-	return out, fractions
+	return out
 }
 
 func equalState(a, b ratelimit.State) bool {
@@ -307,7 +298,7 @@ func TestScriptGarbageState(t *testing.T) {
 			continue
 		}
 		if stored, err := c.Get(ctx, call.Key).Bytes(); err == nil {
-			if _, _, err := decodeState(stored); err != nil {
+			if _, err := decodeState(stored); err != nil {
 				t.Fatalf("value %x: wrote back %x: %v", v, stored, err)
 			}
 		}
@@ -415,7 +406,7 @@ func TestScriptTTL(t *testing.T) {
 			last = 0
 			continue // full again: no key
 		}
-		s, _, err := decodeState(stored)
+		s, err := decodeState(stored)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -434,5 +425,63 @@ func TestScriptTTL(t *testing.T) {
 	}
 	if kept == 0 {
 		t.Errorf("no call kept the key's TTL")
+	}
+}
+
+// TestScriptReadsLegacyState stores a token bucket in the layout before
+// the scale was stored, (capacity, whole tokens), (fraction, back), 1.8
+// tokens of PerHour(10), and runs calls on it: the script must decide as
+// Apply does on the state it stands for, exactly when the call's config is
+// the one the bucket was built for (it gives the scale), in whole tokens
+// when not, and store the result in its own layout.
+func TestScriptReadsLegacyState(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	const now = 1_700_000_000_000_000
+	const scale = 360_000_000 // PerHour(10): a token every 6 minutes
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(10).WithID("main")}}
+	bigger := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(200).WithID("main")}}
+	expiry := int64(now + 8_200*scale/1000) // 8.2 tokens short
+	legacy := encodeStored(legacyFormat, cfg.Fingerprint(), expiry, []storedBand{{U1: 10, S1: 1, U2: 8 * scale / 10, S2: expiry - now, ID: "main"}})
+	// What the value stands for: exactly 1.8 tokens when read for cfg,
+	// 1 whole token for another config.
+	exact := ratelimit.State{Fingerprint: cfg.Fingerprint(), ExpiresAt: expiry,
+		Bands: []ratelimit.BandState{{ID: "main", Capacity: 10, Scale: scale, Rate: 1, Level: 18 * scale / 10, Stamp: now}}}
+	whole := exact
+	whole.Bands = []ratelimit.BandState{{ID: "main", Capacity: 10, Scale: 1, Rate: 1, Level: 1, Stamp: now}}
+	proportionally := ratelimit.Request{Op: ratelimit.Replace, Strategy: ratelimit.Proportionally}
+	for i, tc := range []struct {
+		cfg   ratelimit.Config
+		req   ratelimit.Request
+		state ratelimit.State
+		want  int64 // Remaining
+	}{
+		{cfg, ratelimit.Request{Op: ratelimit.Inspect}, exact, 1},
+		{cfg, ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}, exact, 0},
+		{cfg, proportionally, exact, 1},
+		{bigger, proportionally, whole, 20},
+		{bigger, ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}, whole, 0},
+	} {
+		call := redisscript.NewCall("", fmt.Sprintf("legacy:%d", i), tc.cfg, tc.req, now)
+		if err := c.Set(ctx, call.Key, legacy, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+		if err != nil {
+			t.Fatalf("case %d: %+v on a legacy value: %v", i, tc.req, err)
+		}
+		got, err := call.Decision(reply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		state := tc.state
+		state.Bands = slices.Clone(tc.state.Bands)
+		want := ratelimit.Apply(&state, tc.cfg, tc.req, now)
+		if got != want || got.Remaining != tc.want {
+			t.Fatalf("case %d: %+v on a legacy value:\n got %+v\nwant %+v (Remaining %d)", i, tc.req, got, want, tc.want)
+		}
+		if err := checkTokenBucket(c.Get(ctx, call.Key), state, now); err != nil {
+			t.Fatalf("case %d: %+v on a legacy value: %v", i, tc.req, err)
+		}
 	}
 }

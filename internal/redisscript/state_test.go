@@ -26,10 +26,22 @@ func decodeStored(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64, b
 // built for a versioned config.
 const versionedFormat = 128
 
+// formatOf is the first of alg's 16 format bytes in prelude.lua's layout.
+func formatOf(alg ratelimit.Algorithm) int {
+	if alg == ratelimit.TokenBucket {
+		return tokenBucketFormat
+	}
+	return 16 * (int(alg) + 1)
+}
+
+// tokenBucketFormat is where the token bucket's formats begin; its earlier
+// layout, still read, is at legacyFormat.
+const tokenBucketFormat, legacyFormat = 112, 16
+
 // decodeVersioned is decodeStored that also returns the config version the
 // value records and, for a version above 0, its packed bandwidths.
 func decodeVersioned(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64, bands []storedBand, version uint64, packed []byte, err error) {
-	format := 16 * (int(alg) + 1)
+	format := formatOf(alg)
 	head := 0
 	if len(v) > 0 {
 		head = int(v[0]) % versionedFormat
@@ -93,20 +105,17 @@ func checkVersion(version uint64, packed []byte, state ratelimit.State) error {
 }
 
 // decodeState parses a token bucket's stored value into the
-// ratelimit.State it stands for. Rate, Scale and Kind are not stored, and
-// Level is stored as whole tokens and a fraction: decodeState sets Scale to
-// 1 and Level to the whole tokens, and the fraction is returned alongside.
-func decodeState(v []byte) (s ratelimit.State, fractions []int64, err error) {
+// ratelimit.State it stands for, but for Rate, which is not stored.
+func decodeState(v []byte) (s ratelimit.State, err error) {
 	fp, expiry, bands, err := decodeStored(v, ratelimit.TokenBucket)
 	if err != nil {
-		return s, nil, err
+		return s, err
 	}
 	s.Fingerprint, s.ExpiresAt = fp, expiry
 	for _, b := range bands {
-		s.Bands = append(s.Bands, ratelimit.BandState{ID: b.ID, Capacity: b.U1, Scale: 1, Level: b.S1, Stamp: expiry - b.S2})
-		fractions = append(fractions, b.U2)
+		s.Bands = append(s.Bands, ratelimit.BandState{ID: b.ID, Capacity: b.U1, Level: b.S1, Scale: b.U2, Stamp: expiry - b.S2})
 	}
-	return s, fractions, nil
+	return s, nil
 }
 
 // uintN reads an n-byte little-endian unsigned integer.
@@ -122,4 +131,24 @@ func uintN(b []byte, n int) uint64 {
 func intN(b []byte, n int) int64 {
 	shift := 64 - 8*n
 	return int64(uintN(b, n)<<shift) >> shift
+}
+
+// encodeStored lays out a value in prelude.lua's layout with the first
+// byte format + len(bands) - 1, every field 7 bytes wide: a value the
+// scripts read as they read their own, though they write their own
+// narrower.
+func encodeStored(format int, fp uint64, expiry int64, bands []storedBand) []byte {
+	le := binary.LittleEndian
+	v := []byte{byte(format + len(bands) - 1)}
+	v = le.AppendUint64(v, fp)
+	v = le.AppendUint64(v, uint64(expiry))[:16]
+	var fields []byte
+	for _, b := range bands {
+		v = append(v, 0x77)
+		for _, f := range []int64{b.U1, b.S1, b.U2, b.S2} {
+			fields = le.AppendUint64(fields, uint64(f))[:len(fields)+7]
+		}
+		fields = append(append(fields, byte(len(b.ID))), b.ID...)
+	}
+	return append(v, fields...)
 }

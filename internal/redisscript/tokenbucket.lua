@@ -6,10 +6,16 @@
 -- for the why of each rule; the comments here are about Lua.
 --
 -- The stored value is prelude.lua's layout, whose pairs per bandwidth are
--- (capacity, whole tokens: floor(level / scale)) and (fraction: the rest
--- of the level in scaled units, expiry - stamp). Keeping capacity, whole
--- tokens and ID lets the script convert the bucket when the config's
--- fingerprint changes, and takes fewer bytes than the level and the scale.
+-- (capacity, level in scaled units) and (scale, expiry - stamp). Keeping
+-- capacity, scale and ID lets the script convert the bucket when the
+-- config's fingerprint changes, the exact level included.
+--
+-- Values in LEGACY_FORMAT's formats are the layout before this one, whose
+-- pairs are (capacity, whole tokens) and (fraction: the rest of the level,
+-- in scaled units, expiry - stamp): the script reads them, with the scale
+-- of the request's config when the bucket was built for it, and else as
+-- whole tokens (the old scale is not stored), and writes them back in this
+-- layout.
 
 local MAX_SCALED = 2 ^ 51
 local MAX_HORIZON = 2 ^ 51
@@ -58,7 +64,28 @@ local function minLevel(i)
   return f - debt
 end
 
-local OLD_CAP, OLD_TOKENS, OLD_FRACTION, OLD_BACK = OLD_U1, OLD_S1, OLD_U2, OLD_S2
+local OLD_CAP, OLD_LEVEL, OLD_SCALE, OLD_BACK = OLD_U1, OLD_S1, OLD_U2, OLD_S2
+
+-- upgrade rewrites the n bandwidths' fields of a legacy state, old, as
+-- this layout's: (capacity, tokens), (fraction, back) becomes (capacity,
+-- tokens × scale + fraction), (scale, back) with the scale of cfg when
+-- built says the state was built for it, or (capacity, tokens), (1, back).
+-- It returns false for a fraction that is not less than its scale.
+local function upgrade(old, n, built)
+  for j = 1, n do
+    local o = 5 * j
+    local tokens, fraction, scale = old[o + OLD_LEVEL], old[o + OLD_SCALE], 1
+    if built then
+      scale = cfg[8 * j + SCALE]
+      if fraction >= scale then
+        return false
+      end
+      old[o + OLD_LEVEL] = tokens * scale + fraction
+    end
+    old[o + OLD_SCALE] = scale
+  end
+  return true
+end
 
 -- level[i] and stamp[i] are bandwidth i's state during a call, built for
 -- cfg: every call sets them for its bandwidths before it reads them, so a
@@ -110,14 +137,18 @@ end
 
 -- run is applyBucket, as in ratelimit/tokenbucket.go.
 local function run()
-  local raw, n, oldFp, exp, old = readState()
+  local raw, n, oldFp, exp, old, legacy = readState()
   if raw == nil then
     return n -- the error
   end
+  if legacy and not upgrade(old, n, oldFp == fp and n == count) then
+    return corrupt()
+  end
   if raw then
     for j = 1, n do
-      local cap, tokens = old[5 * j + OLD_CAP], old[5 * j + OLD_TOKENS]
-      if cap < 1 or cap > 2 ^ 50 or tokens > cap or tokens < -MAX_SCALED or old[5 * j + OLD_FRACTION] >= MAX_SCALED then
+      local o = 5 * j
+      local cap, l, scale = old[o + OLD_CAP], old[o + OLD_LEVEL], old[o + OLD_SCALE]
+      if cap < 1 or cap > 2 ^ 50 or scale < 1 or cap * scale > MAX_SCALED or l > cap * scale or l < -MAX_SCALED then
         return corrupt()
       end
     end
@@ -136,25 +167,19 @@ local function run()
       local j = match(i, old, n)
       if strategy ~= RESET_TOKENS and j then
         local o = 5 * j
-        local t = inherit(old[o + OLD_TOKENS], old[o + OLD_CAP], cfg[c + CAP])
         local least = minLevel(i)
-        least = (least + -least % scale) / scale
-        if t < least then
-          t = least
-        end
-        level[i] = t * scale
+        level[i] = inherit(old[o + OLD_LEVEL], old[o + OLD_SCALE], old[o + OLD_CAP], cfg[c + CAP], scale,
+          (least + -least % scale) / scale)
         stamp[i] = periodStart(i, exp - old[o + OLD_BACK])
       end
     end
   else
     for i = 1, count do
-      local o, cap, scale = 5 * i, cfg[8 * i + CAP], cfg[8 * i + SCALE]
-      local fraction = old[o + OLD_FRACTION]
-      local l = old[o + OLD_TOKENS] * scale + fraction
-      if old[o + OLD_CAP] ~= cap or fraction >= scale or l > cap * scale or l < -MAX_SCALED then
+      local o = 5 * i
+      if old[o + OLD_CAP] ~= cfg[8 * i + CAP] or old[o + OLD_SCALE] ~= cfg[8 * i + SCALE] then
         return corrupt()
       end
-      level[i], stamp[i] = l, exp - old[o + OLD_BACK]
+      level[i], stamp[i] = old[o + OLD_LEVEL], exp - old[o + OLD_BACK]
     end
   end
 
@@ -232,14 +257,12 @@ local function run()
   end
 
   local expiry = now + resetAfter + warmup
-  -- The stored pairs: capacity and whole tokens, fraction and the distance
-  -- from the stamp to the expiry.
+  -- The stored pairs: capacity and level, scale and the distance from the
+  -- stamp to the expiry.
   for i = 1, count do
     local c = 8 * i
-    local scale = cfg[c + SCALE]
-    local fraction = level[i] % scale
     packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
-      cfg[c + CAP], (level[i] - fraction) / scale, fraction, expiry - stamp[i]
+      cfg[c + CAP], level[i], cfg[c + SCALE], expiry - stamp[i]
   end
   local err = store(packed, expiry, raw and exp)
   if err then

@@ -18,6 +18,7 @@ var inheritanceScenarios = append(strategyScenarios(), []scenario{
 	{name: "NoMatchStartsFresh", run: testNoMatchStartsFresh},
 	{name: "RefillsAtNewRate", fakeClock: true, run: testRefillsAtNewRate},
 	{name: "ProportionallyExact", run: testProportionallyExact},
+	{name: "ProportionallyKeepsTheFraction", fakeClock: true, run: testProportionallyKeepsTheFraction},
 }...)
 
 // strategyScenarios convert a bucket of 10 holding 6 tokens to a capacity of
@@ -27,26 +28,26 @@ func strategyScenarios() []scenario {
 	cases := []struct {
 		strategy ratelimit.Inheritance
 		capacity int64
-		tokens   int64 // what the 6 tokens become
+		tenths   int64 // what the 6 tokens become, in tenths of a token
 	}{
-		{ratelimit.AsIs, 20, 6},
-		{ratelimit.AsIs, 4, 4},
-		{ratelimit.ResetTokens, 20, 20},
-		{ratelimit.ResetTokens, 4, 4},
-		{ratelimit.Proportionally, 20, 12},
-		{ratelimit.Proportionally, 4, 2}, // 2.4 rounded down
-		{ratelimit.Additive, 20, 16},     // 6 + the 10 gained
-		{ratelimit.Additive, 4, 4},
+		{ratelimit.AsIs, 20, 60},
+		{ratelimit.AsIs, 4, 40},
+		{ratelimit.ResetTokens, 20, 200},
+		{ratelimit.ResetTokens, 4, 40},
+		{ratelimit.Proportionally, 20, 120},
+		{ratelimit.Proportionally, 4, 24}, // 2.4: the fraction is kept
+		{ratelimit.Additive, 20, 160},     // 6 + the 10 gained
+		{ratelimit.Additive, 4, 40},
 	}
 	var out []scenario
 	for _, c := range cases {
 		name := fmt.Sprintf("%v/To%d", c.strategy, c.capacity)
 		out = append(out,
 			scenario{name: name + "/Limiter", run: func(t *testing.T, e *env) {
-				testStrategyViaLimiter(t, e, c.strategy, c.capacity, c.tokens)
+				testStrategyViaLimiter(t, e, c.strategy, c.capacity, c.tenths)
 			}},
 			scenario{name: name + "/Replace", run: func(t *testing.T, e *env) {
-				testStrategyViaReplace(t, e, c.strategy, c.capacity, c.tokens)
+				testStrategyViaReplace(t, e, c.strategy, c.capacity, c.tenths)
 			}},
 		)
 	}
@@ -60,10 +61,17 @@ func sixOfTen(t *testing.T, e *env, key string) {
 		dec{Allowed: true, Limit: 10, Remaining: 6, Consumed: 4, ResetAfter: 24 * time.Minute, Bandwidth: "main"})
 }
 
+// tenthsDecision is the decision on a bucket of capacity an hour named
+// "main" that holds tenths tenths of a token.
+func tenthsDecision(capacity, tenths int64) dec {
+	return dec{Allowed: true, Limit: capacity, Remaining: tenths / 10,
+		ResetAfter: time.Duration(10*capacity-tenths) * (time.Hour / time.Duration(10*capacity)), Bandwidth: "main"}
+}
+
 // testStrategyViaLimiter: a Limiter with the strategy (the default one for
 // AsIs) converts the bucket in the call that brings the new config, and
 // only in that one.
-func testStrategyViaLimiter(t *testing.T, e *env, s ratelimit.Inheritance, capacity, tokens int64) {
+func testStrategyViaLimiter(t *testing.T, e *env, s ratelimit.Inheritance, capacity, tenths int64) {
 	key := e.key("k")
 	sixOfTen(t, e, key)
 	l := e.limiter(ratelimit.WithInheritance(s))
@@ -71,24 +79,23 @@ func testStrategyViaLimiter(t *testing.T, e *env, s ratelimit.Inheritance, capac
 		l = e.limiter()
 	}
 	cfg := config(ratelimit.PerHour(capacity).WithID("main"))
-	per := time.Hour / time.Duration(capacity)
 	for i := range int64(2) {
 		d, err := l.Allow(context.Background(), key, cfg)
 		if err != nil {
 			t.Fatalf("Allow with a capacity of %d: %v", capacity, err)
 		}
-		left := tokens - 1 - i
-		e.check(t, fmt.Sprintf("Allow call %d with a capacity of %d", i, capacity), d,
-			dec{Allowed: true, Limit: capacity, Remaining: left, Consumed: 1, ResetAfter: time.Duration(capacity-left) * per, Bandwidth: "main"})
+		want := tenthsDecision(capacity, tenths-10*(1+i))
+		want.Consumed = 1
+		e.check(t, fmt.Sprintf("Allow call %d with a capacity of %d", i, capacity), d, want)
 	}
 }
 
 // testStrategyViaReplace: a Replace converts with the strategy it names,
 // and later calls with the same config keep the result.
-func testStrategyViaReplace(t *testing.T, e *env, s ratelimit.Inheritance, capacity, tokens int64) {
+func testStrategyViaReplace(t *testing.T, e *env, s ratelimit.Inheritance, capacity, tenths int64) {
 	key := e.key("k")
 	sixOfTen(t, e, key)
-	want := dec{Allowed: true, Limit: capacity, Remaining: tokens, ResetAfter: time.Duration(capacity-tokens) * (time.Hour / time.Duration(capacity)), Bandwidth: "main"}
+	want := tenthsDecision(capacity, tenths)
 	e.steps(t, key, config(ratelimit.PerHour(capacity).WithID("main")), []step{
 		{req: replace(s), want: want},
 		{req: inspect(), want: want},
@@ -182,5 +189,20 @@ func testProportionallyExact(t *testing.T, e *env) {
 		{req: consume(2), want: dec{Allowed: true, Limit: oldCap, Remaining: oldCap - 2, Consumed: 2, ResetAfter: time.Hour, Bandwidth: "main"}},
 		{cfg: &next, req: replace(ratelimit.Proportionally),
 			want: dec{Allowed: true, Limit: newCap, Remaining: 1<<49 - 1, ResetAfter: time.Hour, Bandwidth: "main"}},
+	})
+}
+
+// testProportionallyKeepsTheFraction: Proportionally scales the exact level,
+// fraction included, and rounds down once. Bucket4j's example: 1.8 tokens
+// left when the capacity grows 20 times become 36 (not 1 × 20).
+func testProportionallyKeepsTheFraction(t *testing.T, e *env) {
+	next := config(ratelimit.PerHour(200).WithID("main"))
+	e.steps(t, e.key("k"), config(ratelimit.PerHour(10).WithID("main")), []step{
+		{req: consume(9), want: dec{Allowed: true, Limit: 10, Remaining: 1, Consumed: 9, ResetAfter: 54 * time.Minute, Bandwidth: "main"}},
+		// A token every 6 minutes: 4m48s later the bucket holds 1.8, as this
+		// Inspect records.
+		{advance: 4*time.Minute + 48*time.Second, req: inspect(), want: tenthsDecision(10, 18)},
+		{cfg: &next, req: replace(ratelimit.Proportionally), want: tenthsDecision(200, 360)},
+		{cfg: &next, req: inspect(), want: tenthsDecision(200, 360)},
 	})
 }
