@@ -24,8 +24,9 @@ const pauseFor = time.Second
 // hold its goroutine, and so the pause, for up to its 10s timeout, and a
 // master paused past the node timeout leaves the cluster down.
 var masterPaused = &fault{
-	name:  "MasterPaused",
-	quiet: true,
+	name:   "MasterPaused",
+	quiet:  true,
+	stalls: true,
 	inject: func(t *testing.T, c client, r run, key string, _ *testkit.Instances) func() {
 		master := c.master(t, r.top, key)
 		master.Pause(t)
@@ -70,22 +71,31 @@ var instanceKilled = &fault{
 }
 
 // faultAdmissionRun is admissionRun with fault f after 500 calls; each
-// goroutine makes 4 calls during it, which time out after 200ms, so that
-// on a paused master they fail, one after another.
+// goroutine makes 4 calls during it. On a fault that stalls they time out
+// after 200ms, so that on a paused master they fail, one after another;
+// on a killed instance the others' calls keep the default timeout, and
+// must decide.
 func faultAdmissionRun(top topology, backend string, f *fault) run {
 	r := admissionRun(top, backend, harness.NoRefill(1000))
-	r.fault, r.faultAfter, r.faultCalls, r.faultTimeout = f, 500, 4, 200*time.Millisecond
+	r.fault, r.faultAfter, r.faultCalls = f, 500, 4
+	if f.stalls {
+		r.faultTimeout = 200 * time.Millisecond
+	}
 	return r
 }
 
 // faultLinearizabilityRun is linearizabilityRun with fault f after 100
-// calls, and one call a goroutine during it. Its calls outlast the pause: each call that fails
-// may take effect anywhere after its start, and the dozens a 200ms timeout
+// calls, and one call a goroutine during it. On a fault that stalls its
+// calls time out after 2s, outlasting the pause: each call that fails may
+// take effect anywhere after its start, and the dozens a 200ms timeout
 // makes can keep porcupine searching for minutes. The count runs have
 // them.
 func faultLinearizabilityRun(top topology, backend string, f *fault) run {
 	r := linearizabilityRun(top, backend)
-	r.fault, r.faultAfter, r.faultCalls, r.faultTimeout = f, 100, 1, 2*time.Second
+	r.fault, r.faultAfter, r.faultCalls = f, 100, 1
+	if f.stalls {
+		r.faultTimeout = 2 * time.Second
+	}
 	return r
 }
 

@@ -140,7 +140,8 @@ type run struct {
 	// faultAfter is how many calls, shared evenly, start before the
 	// fault; faultCalls, how many each goroutine makes while it is in
 	// place, each bounded by faultTimeout (0: the instance's default, as
-	// for every other call).
+	// for every other call), which only a fault that stalls sets (see
+	// faultAdmissionRun).
 	faultAfter, faultCalls int
 	faultTimeout           time.Duration
 	refill                 bool // linearizability: check with refillModel
@@ -152,6 +153,13 @@ type fault struct {
 	// quiet says that the fault strikes only once no call is in flight,
 	// so that no call of the first phase meets it.
 	quiet bool
+	// stalls says that the fault holds calls up (a paused master) rather
+	// than ending them: only its calls get the run's short faultTimeout,
+	// so that they fail during it. A fault that does not stall leaves its
+	// calls the instance's default timeout (10s), which a busy machine does
+	// not reach: a timeout there would make a call's outcome unknown for
+	// no reason.
+	stalls bool
 	// inject strikes, and returns once the fault is in place, with the
 	// function that ends it and returns once it is over.
 	inject func(t *testing.T, c client, r run, key string, in *testkit.Instances) (heal func())
