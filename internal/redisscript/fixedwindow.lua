@@ -155,6 +155,10 @@ local function run()
     end
   end
 
+  local reply = decision(allowed, consumed, binding, left, retry, expiry - now, refill)
+  if not reply then
+    return corrupt()
+  end
   if dirty then
     for i = 1, count do
       local h = hits[i]
@@ -169,5 +173,5 @@ local function run()
       return err
     end
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, refill, bandOut(binding)}
+  return reply
 end

@@ -233,9 +233,13 @@ local function run()
   for i = 1, count do
     packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] = frac[i], expiry - tat[i], 0, 0
   end
+  local reply = decision(allowed, consumed, binding, left, retry, resetAfter, refill)
+  if not reply then
+    return corrupt()
+  end
   local err = store(packed, expiry, raw and exp)
   if err then
     return err
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, refill, bandOut(binding)}
+  return reply
 end

@@ -50,6 +50,13 @@ local CONSUME, ESTIMATE, RESERVE, CONSUME_UP_TO, ADD, RESET, REPLACE, INSPECT = 
 local RESET_TOKENS, PROPORTIONALLY, ADDITIVE = 1, 2, 3
 local SATURATED = 2 ^ 53
 local GRACE = 60000 -- ms a key outlives its expiry on a caller's clock
+local MAX_PERIOD = 366 * 24 * 3600 * 1000000 -- ratelimit.MaxRefillPeriod in µs
+
+-- within reports whether x is a whole number in [0, hi]. Every comparison
+-- is one a number in range passes, so NaN and the infinities fail.
+local function within(x, hi)
+  return x >= 0 and x <= hi and x % 1 == 0
+end
 
 -- A library's top level runs without the standard library (the code that
 -- FUNCTION LOAD runs sees little more than the redis table), so begin
@@ -209,7 +216,7 @@ local function width(u, s)
     u = s
   end
   local w, limit = 1, 256
-  while u >= limit do
+  while u >= limit and w < 8 do -- bounded: u may be infinite
     w, limit = w + 1, limit * 256
   end
   return w
@@ -242,7 +249,7 @@ local function encodeState(p, exp)
   for i = count, 1, -1 do
     local u1, s1, u2, s2 = p[4 * i - 3], p[4 * i - 2], p[4 * i - 1], p[4 * i]
     local w1, w2 = width(u1, s1), width(u2, s2)
-    if w1 > 7 or w2 > 7 or u1 < 0 or u2 < 0 then
+    if w1 > 7 or w2 > 7 or not (u1 >= 0 and u2 >= 0 and u1 % 1 == 0 and u2 % 1 == 0 and s1 % 1 == 0 and s2 % 1 == 0) then
       return nil -- only a corrupt state read earlier gets here
     end
     local w = 16 * w1 + w2
@@ -295,12 +302,40 @@ local function staleDenial()
   return {0, 0, cfg[8 + CAP], 0, STALE_RETRY, STALE_RETRY, STALE_RETRY, 0}
 end
 
+-- validBands reports whether the n bandwidths of c, a config unpacked
+-- from a state, are within the bounds ratelimit.Config.Validate sets, on
+-- which the scripts' math relies. Only a value changed by hand fails.
+local function validBands(c, n)
+  for i = 1, n do
+    local o = 8 * i
+    local kind, cap, scale, rate, period = c[o + KIND], c[o + CAP], c[o + SCALE], c[o + RATE], c[o + PERIOD]
+    if not ((kind == GREEDY or kind == INTERVAL or kind == ALIGNED) and within(period, MAX_PERIOD) and period >= 1 and
+      within(rate, period) and rate >= 1 and within(scale, period) and scale >= 1 and within(cap, 2 ^ 50) and
+      cap >= 1 and within(c[o + INITIAL], cap) and within(c[o + START], 2 ^ 52)) then
+      return false
+    end
+  end
+  return true
+end
+
 -- adopt makes the script decide on the config of the state read (its n
 -- bandwidths packed in b, at version v, fingerprint f), keeping the
 -- request's op, tokens, wait and strategy. It returns false if that config
--- cannot take the request (more tokens than its smallest capacity).
+-- cannot take the request (more tokens than its smallest capacity), and
+-- nil if b is not n bandwidths within Validate's bounds (see validBands).
 local function adopt(n, b, v, f)
-  local adopted = {struct.unpack(HEADER .. rep(BAND, n), string.sub(arg, 1, 36) .. b)}
+  if n < 1 or n > 16 then
+    return nil
+  end
+  local head = string.sub(arg, 1, 36)
+  local adopted = {pcall(struct.unpack, HEADER .. rep(BAND, n), head .. b)}
+  if not adopted[1] or adopted[#adopted] ~= #head + #b + 1 then
+    return nil
+  end
+  table.remove(adopted, 1)
+  if not validBands(adopted, n) then
+    return nil
+  end
   if op == CONSUME or op == ESTIMATE or op == RESERVE then
     for i = 1, n do
       if tokens > adopted[8 * i + CAP] then
@@ -330,6 +365,21 @@ local function bandOut(i)
     end
   end
   return 0
+end
+
+-- decision is the reply to a call (see the top of this file) whose
+-- binding bandwidth, i in cfg, has left whole tokens; nil if it is not a
+-- decision that Call.Decision in call.go accepts, which only a state
+-- changed by hand gives. The scripts build it before they write, and reply
+-- corrupt() instead, writing nothing: one key's damaged value is that
+-- key's error, not a reply the client takes for a broken server.
+local function decision(allowed, consumed, i, left, retry, reset, refill)
+  local limit = cfg[8 * i + CAP]
+  if not ((allowed == 0 or allowed == 1) and within(consumed, SATURATED) and within(limit, 2 ^ 50) and limit >= 1 and
+    within(left, limit) and within(retry, SATURATED) and within(reset, SATURATED) and within(refill, reset)) then
+    return nil
+  end
+  return {allowed, consumed, limit, left, retry, reset, refill, bandOut(i)}
 end
 
 -- logMember is the fingerprint member of a sliding log (see slidinglog.lua)
@@ -423,8 +473,13 @@ local function readState()
     if n == nil then
       return nil, corrupt()
     end
-    if v2 > version and now < exp and not adopt(n, b, v2, oldFp) then
-      return nil, staleDenial()
+    if v2 > version and now < exp then
+      local adopted = adopt(n, b, v2, oldFp)
+      if adopted == nil then
+        return nil, corrupt()
+      elseif not adopted then
+        return nil, staleDenial()
+      end
     end
     return v, n, oldFp, exp, old, legacy
   end

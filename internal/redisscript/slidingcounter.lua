@@ -184,9 +184,13 @@ local function run()
     packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
       cur[i], prev[i], cfg[8 * i + PERIOD], expiry - stamp[i]
   end
+  local reply = decision(allowed, consumed, binding, left, retry, expiry - now, refill)
+  if not reply then
+    return corrupt()
+  end
   local err = store(packed, expiry, raw and exp)
   if err then
     return err
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, refill, bandOut(binding)}
+  return reply
 end

@@ -25,9 +25,9 @@
 -- about 14 bytes a token by MEMORY USAGE; a longer one is a skiplist, about
 -- 100.
 --
--- A decision that admits costs two calls (ZRANGE, ZADD), plus a
--- ZREMRANGEBYSCORE when the oldest token has left the longest window, a
--- ZCOUNT per bandwidth of a shorter window, the TTL (PEXPIREAT once a
+-- A decision that admits costs three calls (ZRANGE, ZCARD, ZADD), plus a
+-- ZCOUNT and a ZREMRANGEBYRANK when the oldest token has left the longest
+-- window, a ZCOUNT per bandwidth of a shorter window, the TTL (PEXPIREAT once a
 -- second, PEXPIRE on a caller's clock), and a ZRANGE that reads when the
 -- binding bandwidth can take one more (RefillAfter; none when it is full
 -- or all its window holds is this call's); a denial reads one token per
@@ -80,8 +80,13 @@ local function run()
     oldMember, exp, packed = head[4 - j], -1 - tonumber(head[5 - j]), -1 - tonumber(head[j + 1])
     oldFp = string.sub(oldMember, 1, 8)
     local v2, n, b = logVersion(oldMember)
-    if v2 > version and now < exp and not adopt(n, b, v2, oldFp) then
-      return staleDenial()
+    if v2 > version and now < exp then
+      local adopted = adopt(n, b, v2, oldFp)
+      if adopted == nil then
+        return corrupt()
+      elseif not adopted then
+        return staleDenial()
+      end
     end
     oldest = head[6] and tonumber(head[6])
     if not oldest or not whole(oldest) then
@@ -89,6 +94,11 @@ local function run()
     end
     length = packed % LENGTH
     serial = (packed - length) / LENGTH
+    -- A log holds the tokens its length says: one that holds more or fewer
+    -- was changed by hand.
+    if redis.call('ZCARD', key) ~= META + length then
+      return corrupt()
+    end
     found = true
   end
 
@@ -110,8 +120,11 @@ local function run()
 
   local fresh = not found or op == RESET or now >= exp or
     (op == REPLACE or oldFp ~= fp) and strategy == RESET_TOKENS
-  -- counts[i] is how many tokens bandwidth i's window holds.
-  local counts = {}
+  -- counts[i] is how many tokens bandwidth i's window holds. skip is how
+  -- many of the oldest tokens go, which the write at the end removes:
+  -- until then the log is the tokens from rank META + skip, so that a call
+  -- that replies corrupt() has written nothing.
+  local counts, skip = {}, 0
   if fresh then
     length, serial = 0, 0
     for i = 1, count do
@@ -122,10 +135,11 @@ local function run()
     -- the bound.
     local cutoff = now - longest
     if oldest <= cutoff then
-      length = length - redis.call('ZREMRANGEBYSCORE', key, 0, cutoff)
+      skip = redis.call('ZCOUNT', key, 0, cutoff)
+      length = length - skip
     end
     if length > bound then
-      redis.call('ZREMRANGEBYRANK', key, META, META + length - bound - 1)
+      skip = skip + length - bound
       length = bound
     end
     for i = 1, count do
@@ -138,7 +152,12 @@ local function run()
         if from < 0 then
           from = 0
         end
-        counts[i] = redis.call('ZCOUNT', key, from, '+inf')
+        -- The newest tokens; those the bound trims may be among them.
+        local n = redis.call('ZCOUNT', key, from, '+inf')
+        if n > length then
+          n = length
+        end
+        counts[i] = n
       end
     end
   end
@@ -168,7 +187,8 @@ local function run()
       rank = nil -- one of those this call takes
     end
     if rank then
-      at = redis.call('ZRANGE', key, META + rank, META + rank, 'WITHSCORES')[2]
+      rank = META + skip + rank
+      at = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')[2]
       at = at and tonumber(at)
       if not at or not whole(at) then
         bad = true
@@ -214,12 +234,11 @@ local function run()
 
   if op == ADD then
     if length > 0 then
-      -- A refund: the newest tokens go.
+      -- A refund: the newest tokens go (the write removes them).
       removed = tokens
       if removed > length then
         removed = length
       end
-      redis.call('ZREMRANGEBYRANK', key, -removed, -1)
       refund(counts, removed)
     end
   elseif op ~= RESET and op ~= REPLACE then
@@ -236,10 +255,14 @@ local function run()
   length = kept + consumed
 
   if length == 0 then
+    local reply = decision(allowed, consumed, binding, left, retry, 0, 0)
+    if not reply then
+      return corrupt()
+    end
     if found or foreign then
       redis.call('DEL', key)
     end
-    return {allowed, consumed, cfg[8 * binding + CAP], left, retry, 0, 0, bandOut(binding)}
+    return reply
   end
 
   -- The expiry: when the newest token leaves the longest window. With the
@@ -248,7 +271,7 @@ local function run()
   local newest, last = now, now
   if kept > 0 then
     if removed > 0 or oldFp ~= fp then
-      last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
+      last = redis.call('ZRANGE', key, -1 - removed, -1 - removed, 'WITHSCORES')[2]
       last = last and tonumber(last)
       if not last or not whole(last) then
         return corrupt()
@@ -267,19 +290,34 @@ local function run()
   -- those taken.
   before = kept
   if consumed > 0 and last > now then
-    before = redis.call('ZCOUNT', key, 0, now)
+    -- Those the trim skips are the oldest.
+    before = redis.call('ZCOUNT', key, 0, now) - skip
+    if before < 0 then
+      before = 0
+    end
   end
   local refill = refillAfter(binding, left, bandWait)
   if bad then
     return corrupt()
   end
+  local reply = decision(allowed, consumed, binding, left, retry, expiry - now, refill)
+  if not reply then
+    return corrupt()
+  end
 
-  -- Write: a fresh log replaces whatever the key held; a config change
-  -- drops the old fingerprint's member; a serial that would pass the span
-  -- renumbers the tokens (while both state members still rank first).
+  -- Write: a fresh log replaces whatever the key held; else the trimmed
+  -- and refunded tokens go; a config change drops the old fingerprint's
+  -- member; a serial that would pass the span renumbers the tokens (while
+  -- both state members still rank first).
   local args, n = {}, 0
   if fresh and (found or foreign) then
     redis.call('DEL', key)
+  end
+  if skip > 0 then
+    redis.call('ZREMRANGEBYRANK', key, META, META + skip - 1)
+  end
+  if removed > 0 then
+    redis.call('ZREMRANGEBYRANK', key, -removed, -1)
   end
   if consumed > 0 and serial + consumed > span then
     local all = redis.call('ZRANGE', key, META, -1, 'WITHSCORES')
@@ -326,5 +364,5 @@ local function run()
   elseif fresh or expiry > exp + -exp % 1000000 then
     redis.call('PEXPIREAT', key, (expiry + -expiry % 1000000) / 1000)
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, expiry - now, refill, bandOut(binding)}
+  return reply
 end

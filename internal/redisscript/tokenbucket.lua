@@ -264,9 +264,13 @@ local function run()
     packed[4 * i - 3], packed[4 * i - 2], packed[4 * i - 1], packed[4 * i] =
       cfg[c + CAP], level[i], cfg[c + SCALE], expiry - stamp[i]
   end
+  local reply = decision(allowed, consumed, binding, left, retry, resetAfter, refill)
+  if not reply then
+    return corrupt()
+  end
   local err = store(packed, expiry, raw and exp)
   if err then
     return err
   end
-  return {allowed, consumed, cfg[8 * binding + CAP], left, retry, resetAfter, refill, bandOut(binding)}
+  return reply
 end
