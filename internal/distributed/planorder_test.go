@@ -132,14 +132,17 @@ func TestPlanEditCommitOrderIntegration(t *testing.T) {
 }
 
 // replica is a service replica's plan cache: a store over a pool of its
-// own, and a TTL long enough that it keeps what it read for the test.
+// own, a TTL long enough that it keeps what it read for the test, and a
+// read wait long enough that its first lookup gets what the store holds,
+// not the default plan, however slow a loaded machine is to answer (the
+// default waits 50ms).
 func replica(t *testing.T, db *testkit.PGDatabase) *plans.Cache {
 	t.Helper()
 	s, err := postgres.New(db.Pool(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := plans.NewCache(s, plans.WithTTL(time.Hour))
+	c, err := plans.NewCache(s, plans.WithTTL(time.Hour), plans.WithReadWait(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
