@@ -59,21 +59,7 @@ func TestRedisIntegration(t *testing.T) {
 func TestReplicasShareWhenDown(t *testing.T) {
 	testkit.RequireRedisServer(t)
 	r := testkit.StartRedis(t)
-	var srvs [2]*httptest.Server
-	for i := range srvs {
-		d, err := newDemo(t.Context(), options{redisAddrs: []string{r.Addr()}, replicas: 2}, testLogger(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		srvs[i] = httptest.NewServer(d.handler)
-		t.Cleanup(func() {
-			srvs[i].Close()
-			if err := d.Close(context.WithoutCancel(t.Context())); err != nil {
-				t.Error(err)
-			}
-		})
-		mustPutPlan(t, srvs[i], "free", slowFree)
-	}
+	srvs := twoReplicas(t, r.Addr())
 	bursts := func() (total map[int]int, each [2]map[int]int) {
 		var wg sync.WaitGroup
 		for i, srv := range srvs {
@@ -108,23 +94,11 @@ func TestReplicasShareWhenDown(t *testing.T) {
 func TestReplicasExactWhenRedisIsSlow(t *testing.T) {
 	testkit.RequireRedisServer(t)
 	proxy := testkit.StartProxy(t, testkit.StartRedis(t).Addr())
-	var srvs [2]*httptest.Server
-	for i := range srvs {
-		d, err := newDemo(t.Context(), options{redisAddrs: []string{proxy.Addr()}, replicas: 2}, testLogger(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		srvs[i] = httptest.NewServer(d.handler)
-		t.Cleanup(func() {
-			srvs[i].Close()
-			if err := d.Close(context.WithoutCancel(t.Context())); err != nil {
-				t.Error(err)
-			}
-		})
-		mustPutPlan(t, srvs[i], "free", slowFree)
+	srvs := twoReplicas(t, proxy.Addr())
+	for i, srv := range srvs {
 		// One request each, so that the function library is loaded and
 		// a connection open before the stall: 2 of the bucket's 5.
-		if r := do(t, srvs[i], http.MethodGet, "/api/hello", "", keyFree); r.status != http.StatusOK {
+		if r := do(t, srv, http.MethodGet, "/api/hello", "", keyFree); r.status != http.StatusOK {
 			t.Fatalf("replica %d's first request: %d %s", i, r.status, r.body)
 		}
 	}
@@ -162,4 +136,26 @@ func TestReplicasExactWhenRedisIsSlow(t *testing.T) {
 	if total[http.StatusOK] != 3 || total[http.StatusTooManyRequests] != 3 {
 		t.Errorf("bursts of 3 on each of two replicas, with Redis's replies held 100ms past the last decision's arrival (%v from the bursts' start), on a bucket of 5 with 3 left: got %v (%v, %v); want 3 admitted", held.Round(time.Millisecond), total, each[0], each[1])
 	}
+}
+
+// twoReplicas starts two demo servers on the Redis at addr, each told
+// --replicas 2, with the free plan at 5 tokens that refill slowly.
+func twoReplicas(t *testing.T, addr string) [2]*httptest.Server {
+	t.Helper()
+	var srvs [2]*httptest.Server
+	for i := range srvs {
+		d, err := newDemo(t.Context(), options{redisAddrs: []string{addr}, replicas: 2}, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srvs[i] = httptest.NewServer(d.handler)
+		t.Cleanup(func() {
+			srvs[i].Close()
+			if err := d.Close(context.WithoutCancel(t.Context())); err != nil {
+				t.Error(err)
+			}
+		})
+		mustPutPlan(t, srvs[i], "free", slowFree)
+	}
+	return srvs
 }
