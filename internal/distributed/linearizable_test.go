@@ -122,7 +122,8 @@ func checkLinearizable(t *testing.T, c client, r run) {
 }
 
 // untilConclusive calls check until it returns Ok or Illegal, at most
-// inconclusiveRuns times, and returns its last result and the calls made.
+// inconclusiveRuns times, and returns its last result and how many runs
+// it made.
 func untilConclusive(check func() porcupine.CheckResult) (porcupine.CheckResult, int) {
 	res, runs := check(), 1
 	for ; res == porcupine.Unknown && runs < inconclusiveRuns; runs++ {

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redisscript"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -249,10 +250,10 @@ func fixedGarbage(r *rand.Rand, cfg ratelimit.Config, now int64) (v []byte, stat
 		kind = fixedDamaged
 	case 3:
 		alg := []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter, ratelimit.LeakyBucket}[r.IntN(5)]
-		v[0] = byte(formatOf(alg) + int(v[0])%16) // the same shape: well formed
+		v[0] = byte(redistest.FormatOf(alg) + int(v[0])%16) // the same shape: well formed
 		kind = fixedForeign
 	case 4:
-		v[0] = byte(r.IntN(16) + versionedFormat*r.IntN(2)) // below every format, versioned or not
+		v[0] = byte(r.IntN(16) + redistest.VersionedFormat*r.IntN(2)) // below every format, versioned or not
 		kind = fixedNotOurs
 	}
 	return v, state, kind

@@ -440,7 +440,7 @@ func TestScriptReadsLegacyState(t *testing.T) {
 	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(10).WithID("main")}}
 	bigger := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(200).WithID("main")}}
 	expiry := int64(now + 8_200*scale/1000) // 8.2 tokens short
-	legacy := encodeStored(legacyFormat, cfg.Fingerprint(), expiry, []storedBand{{U1: 10, S1: 1, U2: 8 * scale / 10, S2: expiry - now, ID: "main"}})
+	legacy := redistest.EncodeState(redistest.LegacyFormat, cfg.Fingerprint(), expiry, []storedBand{{U1: 10, S1: 1, U2: 8 * scale / 10, S2: expiry - now, ID: "main"}}, 0, nil)
 	// What the value stands for: exactly 1.8 tokens when read for cfg,
 	// 1 whole token for another config.
 	exact := ratelimit.State{Fingerprint: cfg.Fingerprint(), ExpiresAt: expiry,

@@ -5,16 +5,12 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/sluicehq/sluice/internal/redisscript"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// storedBand is one bandwidth of a stored value in prelude.lua's layout:
-// its two (unsigned, signed) pairs and its ID.
-type storedBand struct {
-	U1, S1, U2, S2 int64
-	ID             string
-}
+// storedBand is one bandwidth of a stored value in prelude.lua's layout.
+type storedBand = redistest.StoredBand
 
 // decodeStored parses a value in prelude.lua's layout written for alg.
 func decodeStored(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64, bands []storedBand, err error) {
@@ -22,29 +18,13 @@ func decodeStored(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64, b
 	return fp, expiry, bands, err
 }
 
-// versionedFormat is what prelude.lua adds to the first byte of a state
-// built for a versioned config.
-const versionedFormat = 128
-
-// formatOf is the first of alg's 16 format bytes in prelude.lua's layout.
-func formatOf(alg ratelimit.Algorithm) int {
-	if alg == ratelimit.TokenBucket {
-		return tokenBucketFormat
-	}
-	return 16 * (int(alg) + 1)
-}
-
-// tokenBucketFormat is where the token bucket's formats begin; its earlier
-// layout, still read, is at legacyFormat.
-const tokenBucketFormat, legacyFormat = 112, 16
-
 // decodeVersioned is decodeStored that also returns the config version the
 // value records and, for a version above 0, its packed bandwidths.
 func decodeVersioned(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64, bands []storedBand, version uint64, packed []byte, err error) {
-	format := formatOf(alg)
+	format := redistest.FormatOf(alg)
 	head := 0
 	if len(v) > 0 {
-		head = int(v[0]) % versionedFormat
+		head = int(v[0]) % redistest.VersionedFormat
 	}
 	if len(v) < 17 || head < format || head >= format+16 {
 		return 0, 0, nil, 0, nil, fmt.Errorf("value %x: no %v header", v, alg)
@@ -73,7 +53,7 @@ func decodeVersioned(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64
 		b.ID, r = string(r[1:1+idlen]), r[1+idlen:]
 		bands = append(bands, b)
 	}
-	if v[0] >= versionedFormat {
+	if v[0] >= redistest.VersionedFormat {
 		if len(r) < 9 || len(r) != 9+int(binary.LittleEndian.Uint16(r[7:9])) {
 			return 0, 0, nil, 0, nil, fmt.Errorf("value %x: no version and config after the bandwidths", v)
 		}
@@ -85,14 +65,13 @@ func decodeVersioned(v []byte, alg ratelimit.Algorithm) (fp uint64, expiry int64
 	return fp, expiry, bands, version, packed, nil
 }
 
-// packedBands is how a state records a versioned config: its bandwidths as
-// the request packs them, or nothing for a nil one.
+// packedBands is how a state records a versioned config, or nothing for a
+// nil one.
 func packedBands(cfg *ratelimit.Config) []byte {
 	if cfg == nil {
 		return nil
 	}
-	arg := redisscript.NewCall("", "k", *cfg, ratelimit.Request{}, 0).Arg
-	return []byte(arg[36 : len(arg)-8])
+	return redistest.PackedBands(*cfg)
 }
 
 // checkVersion compares the version and config a state records with
@@ -131,24 +110,4 @@ func uintN(b []byte, n int) uint64 {
 func intN(b []byte, n int) int64 {
 	shift := 64 - 8*n
 	return int64(uintN(b, n)<<shift) >> shift
-}
-
-// encodeStored lays out a value in prelude.lua's layout with the first
-// byte format + len(bands) - 1, every field 7 bytes wide: a value the
-// scripts read as they read their own, though they write their own
-// narrower.
-func encodeStored(format int, fp uint64, expiry int64, bands []storedBand) []byte {
-	le := binary.LittleEndian
-	v := []byte{byte(format + len(bands) - 1)}
-	v = le.AppendUint64(v, fp)
-	v = le.AppendUint64(v, uint64(expiry))[:16]
-	var fields []byte
-	for _, b := range bands {
-		v = append(v, 0x77)
-		for _, f := range []int64{b.U1, b.S1, b.U2, b.S2} {
-			fields = le.AppendUint64(fields, uint64(f))[:len(fields)+7]
-		}
-		fields = append(append(fields, byte(len(b.ID))), b.ID...)
-	}
-	return append(v, fields...)
 }

@@ -20,6 +20,7 @@ import (
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
 	"github.com/sluicehq/sluice/internal/redisscript"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -216,61 +217,13 @@ func describeValue(in tamperInput) string {
 	return fmt.Sprintf("%x", in.value)
 }
 
-// A storedBand is one bandwidth of a state in prelude.lua's layout: two
-// (unsigned, signed) pairs, each pair in w1 or w2 bytes, and an ID.
-type storedBand struct {
-	w1, w2         int
-	u1, s1, u2, s2 int64
-	id             string
-}
-
 // formatOf is the first of alg's 16 format bytes in prelude.lua's layout;
 // with legacy, of the token bucket's earlier layout, which it still reads.
 func formatOf(alg ratelimit.Algorithm, legacy bool) int {
-	switch {
-	case alg != ratelimit.TokenBucket:
-		return 16 * (int(alg) + 1)
-	case legacy:
-		return 16
+	if legacy && alg == ratelimit.TokenBucket {
+		return redistest.LegacyFormat
 	}
-	return 112
-}
-
-// stateValue lays out a state in format as prelude.lua does; version
-// above 0 adds it and packed, the config's bandwidths as a request packs
-// them.
-func stateValue(format int, fp uint64, expiry int64, bands []storedBand, version uint64, packed []byte) []byte {
-	head := format + len(bands) - 1
-	if version > 0 {
-		head += 128
-	}
-	v := binary.LittleEndian.AppendUint64([]byte{byte(head)}, fp)
-	v = appendN(v, uint64(expiry), 7)
-	for _, b := range bands {
-		v = append(v, byte(b.w1<<4|b.w2))
-	}
-	for _, b := range bands {
-		v = appendN(v, uint64(b.u1), b.w1)
-		v = appendN(v, uint64(b.s1), b.w1)
-		v = appendN(v, uint64(b.u2), b.w2)
-		v = appendN(v, uint64(b.s2), b.w2)
-		v = append(append(v, byte(len(b.id))), b.id...)
-	}
-	if version > 0 {
-		v = appendN(v, version, 7)
-		v = appendN(v, uint64(len(packed)), 2)
-		v = append(v, packed...)
-	}
-	return v
-}
-
-// appendN appends x's low n bytes, little-endian.
-func appendN(v []byte, x uint64, n int) []byte {
-	for range n {
-		v = append(v, byte(x))
-		x >>= 8
-	}
-	return v
+	return redistest.FormatOf(alg)
 }
 
 // widthOf is the fewest bytes that hold u and, in two's complement, s.
@@ -286,12 +239,6 @@ func widthOf(u, s int64) int {
 		w++
 	}
 	return w
-}
-
-// packedConfig is cfg's bandwidths as a request packs them.
-func packedConfig(cfg ratelimit.Config) []byte {
-	arg := redisscript.NewCall("", "k", cfg, ratelimit.Request{Tokens: 1}, 0).Arg
-	return []byte(arg[36 : len(arg)-8])
 }
 
 // fpBytes is a fingerprint as the scripts store it.
@@ -344,20 +291,20 @@ func randState(r *rand.Rand, alg ratelimit.Algorithm) []byte {
 	if r.IntN(8) == 0 {
 		n = 1 + r.IntN(3)
 	}
-	bands := make([]storedBand, n)
+	bands := make([]redistest.StoredBand, n)
 	for i := range bands {
 		b := &bands[i]
 		if i < len(cfg.Bandwidths) {
-			b.id = cfg.Bandwidths[i].ID
+			b.ID = cfg.Bandwidths[i].ID
 		}
 		if r.IntN(10) == 0 {
-			b.id = []string{"", "hourly", "x"}[r.IntN(3)]
+			b.ID = []string{"", "hourly", "x"}[r.IntN(3)]
 		}
-		b.w1, b.w2 = 1+r.IntN(7), 1+r.IntN(7)
-		b.u1, b.s1 = randField(r, 8*b.w1, false), randField(r, 8*b.w1, true)
-		b.u2, b.s2 = randField(r, 8*b.w2, false), randField(r, 8*b.w2, true)
+		b.W1, b.W2 = 1+r.IntN(7), 1+r.IntN(7)
+		b.U1, b.S1 = randField(r, 8*b.W1, false), randField(r, 8*b.W1, true)
+		b.U2, b.S2 = randField(r, 8*b.W2, false), randField(r, 8*b.W2, true)
 		if r.IntN(2) == 0 { // the narrowest widths, as a script writes them
-			b.w1, b.w2 = widthOf(b.u1, b.s1), widthOf(b.u2, b.s2)
+			b.W1, b.W2 = widthOf(b.U1, b.S1), widthOf(b.U2, b.S2)
 		}
 	}
 	var version uint64
@@ -365,12 +312,12 @@ func randState(r *rand.Rand, alg ratelimit.Algorithm) []byte {
 	if cfg.Version > 0 || r.IntN(6) == 0 {
 		version = uint64(r.Int64N(10))
 		other := tamperConfigs(alg)[r.IntN(len(cfgs))]
-		packed = packedConfig(other)
+		packed = redistest.PackedBands(other)
 		if r.IntN(3) == 0 {
 			packed = tamperBytes(r, packed)
 		}
 	}
-	return stateValue(formatOf(alg, r.IntN(4) == 0), fp, randExpiry(r), bands, version, packed)
+	return redistest.EncodeState(formatOf(alg, r.IntN(4) == 0), fp, randExpiry(r), bands, version, packed)
 }
 
 // tamperBytes changes a byte of v, cuts it short or adds a byte.
@@ -396,7 +343,7 @@ func randLog(r *rand.Rand) []redis.Z {
 	cfg := cfgs[r.IntN(len(cfgs))]
 	member := string(fpBytes(cfg.Fingerprint()))
 	if cfg.Version > 0 {
-		member += string(appendN(nil, uint64(r.Int64N(10)), 7)) + string(byte(len(cfg.Bandwidths))) + string(packedConfig(cfg))
+		member += string(redistest.AppendN(nil, uint64(r.Int64N(10)), 7)) + string(byte(len(cfg.Bandwidths))) + string(redistest.PackedBands(cfg))
 	}
 	if r.IntN(10) == 0 {
 		member = string(tamperBytes(r, []byte(member)))
@@ -490,8 +437,8 @@ func tamperSeeds() []tamperInput {
 	cfg := tamperConfigs(ratelimit.TokenBucket)[0]
 	hour := int64(3_600_000_000)
 	scale, _ := cfg.Bandwidths[0].Units()
-	farStamp := stateValue(formatOf(ratelimit.TokenBucket, false), cfg.Fingerprint(), tamperNow+hour,
-		[]storedBand{{w1: 5, w2: 7, u1: 4, s1: 2 * scale, u2: scale, s2: -(1 << 55)}}, 0, nil)
+	farStamp := redistest.EncodeState(formatOf(ratelimit.TokenBucket, false), cfg.Fingerprint(), tamperNow+hour,
+		[]redistest.StoredBand{{W1: 5, W2: 7, U1: 4, S1: 2 * scale, U2: scale, S2: -(1 << 55)}}, 0, nil)
 	logCfg := tamperConfigs(ratelimit.SlidingWindowLog)[0]
 	zs := []redis.Z{{Member: string(fpBytes(logCfg.Fingerprint())), Score: float64(-1 - (tamperNow + hour))}, {Member: "", Score: -1 - 2 - 65536*51}}
 	for j := range 51 {
