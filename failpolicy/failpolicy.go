@@ -97,7 +97,9 @@
 // they took over, nor the store what they admitted, so every token a share
 // admits is a debt of its key, charged to the store by the next call on
 // the key that reaches it (on credit where the algorithm lends: the token
-// bucket, GCRA and the leaky bucket), before that call's own request. A
+// bucket, GCRA and the leaky bucket), before that call's own request, and
+// as of when the share admitted it ([ratelimit.Request.Ago]), so that the
+// store refills it from then. A
 // key's debt is capped at twice the share. For a bandwidth of capacity C
 // refilling r a second, shared by n instances that all say
 // [WithInstances](n), the service then admits over any interval of T
@@ -623,18 +625,34 @@ func (c *call) do() (r result) {
 			r = result{panic: &PanicError{Value: p, Stack: debug.Stack()}}
 		}
 	}()
-	if c.debt.tokens > 0 {
-		req, rest := charge(c.cfg, c.debt)
-		if _, err := c.b.next.Do(c.store, c.key, c.cfg, req); err != nil {
-			c.b.debts.add(c.key, c.debt, c.b.debtLimit(c.cfg), c.b.now())
-			return result{err: err}
-		}
-		if rest.tokens > 0 {
-			c.b.debts.add(c.key, rest, c.b.debtLimit(c.cfg), c.b.now())
-		}
+	if err := c.charge(); err != nil {
+		return result{err: err}
 	}
 	r.d, r.err = c.b.next.Do(c.store, c.key, c.cfg, c.req)
 	return r
+}
+
+// charge sends the key's debt to the store, a slot at a time in time
+// order, each as of its slot's time (see [ratelimit.Request.Ago]): the
+// store then refills what it takes from when the shares admitted it, and
+// forgives only what its cap would have. On an error, the slot that failed
+// and the ones after it go back to the ledger.
+func (c *call) charge() error {
+	d := c.debt
+	now := c.b.now()
+	for i := range d.n {
+		for s := &d.slots[i]; s.tokens > 0; {
+			req := chargeRequest(c.cfg, *s, now)
+			if _, err := c.b.next.Do(c.store, c.key, c.cfg, req); err != nil {
+				rest := debt{expires: d.expires}
+				rest.n = copy(rest.slots[:], d.slots[i:d.n])
+				c.b.debts.add(c.key, rest, c.b.debtLimit(c.cfg), c.b.now())
+				return err
+			}
+			s.tokens -= req.Tokens
+		}
+	}
+	return nil
 }
 
 // judge records the probe's verdict, once.
@@ -644,18 +662,18 @@ func (c *call) judge(v verdict) {
 	}
 }
 
-// charge is the request that charges d to the store, and what of d is
-// left for the next call: one request takes at most the smallest
-// capacity. It takes the tokens on credit where the algorithm lends, so
-// that the store admits nothing more until it has refilled past them, and
-// otherwise as many as the store has.
-func charge(cfg ratelimit.Config, d debt) (ratelimit.Request, debt) {
-	n := min(d.tokens, cfg.MinCapacity())
-	d.tokens -= n
+// chargeRequest is the request that charges s to the store, or its first
+// part: one request takes at most the smallest capacity. It takes the
+// tokens on credit where the algorithm lends, so that the store admits
+// nothing more until it has refilled past them, and otherwise as many as
+// the store has. It is made as of s's time, now less at most MaxAgo: a
+// charge made later than its tokens were taken takes no less.
+func chargeRequest(cfg ratelimit.Config, s slot, now int64) ratelimit.Request {
+	req := ratelimit.Request{Op: ratelimit.ConsumeUpTo, Tokens: min(s.tokens, cfg.MinCapacity()), Ago: min(time.Duration(max(0, now-s.at)), ratelimit.MaxAgo)}
 	if cfg.Algorithm.Supports(ratelimit.Reserve) {
-		return ratelimit.Request{Op: ratelimit.Reserve, Tokens: n, MaxWait: math.MaxInt64}, d
+		req.Op, req.MaxWait = ratelimit.Reserve, math.MaxInt64
 	}
-	return ratelimit.Request{Op: ratelimit.ConsumeUpTo, Tokens: n}, d
+	return req
 }
 
 // debtLimit is the most a key's debt grows to: twice this instance's
@@ -723,7 +741,8 @@ func (b *Backend) decideLocally(ctx context.Context, key string, cfg ratelimit.C
 	}
 	if d.Consumed > 0 {
 		now := b.now()
-		b.debts.add(key, debt{tokens: d.Consumed, expires: now + int64(fillTime(cfg))}, b.debtLimit(cfg), now)
+		at := now - int64(req.Ago) // when the share decided it
+		b.debts.add(key, debt{slots: [debtSlots]slot{{at: at, tokens: d.Consumed}}, n: 1, expires: at + int64(fillTime(cfg))}, b.debtLimit(cfg), now)
 	}
 	d.Degraded = true
 	return d, nil

@@ -32,6 +32,8 @@ type store struct {
 	mem   *memory.Backend
 	err   atomic.Pointer[error]
 	calls atomic.Int64
+	// refuse, while set, fails the requests it picks with errDown.
+	refuse atomic.Pointer[func(ratelimit.Request) bool]
 	// deadline is the deadline of the last call's context.
 	mu       sync.Mutex
 	deadline time.Time
@@ -57,6 +59,9 @@ func (s *store) Do(ctx context.Context, key string, cfg ratelimit.Config, req ra
 	s.mu.Unlock()
 	if err := s.err.Load(); err != nil {
 		return ratelimit.Decision{}, *err
+	}
+	if refuse := s.refuse.Load(); refuse != nil && (*refuse)(req) {
+		return ratelimit.Decision{}, errDown
 	}
 	return s.mem.Do(ctx, key, cfg, req)
 }

@@ -121,7 +121,23 @@ type Request struct {
 	// Strategy converts the stored state when the config changed (for
 	// Replace: always).
 	Strategy Inheritance
+	// Ago, for Consume, ConsumeUpTo and Reserve, makes the store decide
+	// the request as of this long before now, on its own clock, as if it
+	// had been made then: tokens an instance took while the store could
+	// not be asked (failpolicy's Local mode) are charged as of when they
+	// were taken, and refill from then. The bucket's time never goes back:
+	// a bucket changed since then decides the request as it would on a
+	// store whose clock stepped back (each algorithm's docs say how, and
+	// none counts the request less than at the bucket's last change). The
+	// Decision is the one made then, its durations counted from then. It
+	// must be 0 to [MaxAgo]. Like Add, it trusts the caller: tokens taken
+	// "a while ago" may have refilled already, so never set it from a
+	// client's input.
+	Ago time.Duration
 }
+
+// MaxAgo is the longest [Request.Ago]: a day.
+const MaxAgo = 24 * time.Hour
 
 // Clock tells the time to backends that keep their own: the memory backend
 // reads it on every decision, and tests pass a fake one.
@@ -145,6 +161,14 @@ func CheckRequest(key string, cfg Config, req Request) error {
 	}
 	if req.Strategy > Additive {
 		return fmt.Errorf("%w: Strategy %v is not a known Inheritance", ErrInvalidRequest, req.Strategy)
+	}
+	if req.Ago != 0 {
+		if req.Ago < 0 || req.Ago > MaxAgo {
+			return fmt.Errorf("%w: Ago must be 0 to %v, got %v", ErrInvalidRequest, MaxAgo, req.Ago)
+		}
+		if req.Op != Consume && req.Op != ConsumeUpTo && req.Op != Reserve {
+			return fmt.Errorf("%w: Ago is for Consume, ConsumeUpTo and Reserve, not %v", ErrInvalidRequest, req.Op)
+		}
 	}
 	switch req.Op {
 	case Consume, Estimate, Reserve:

@@ -319,6 +319,9 @@ func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		return d, ErrClosed
 	}
 	now := m.now()
+	if req.Ago > 0 {
+		now = max(0, now-req.Ago.Microseconds()) // decided as of then
+	}
 	sh := &m.shards[maphash.String(m.seed, key)&m.mask]
 	sh.mu.Lock()
 	err = m.apply(&d, sh, key, cfg, req, now)

@@ -35,9 +35,18 @@ type Call struct {
 }
 
 // NewCall packs req on cfg for the bucket at key. now is the time in µs
-// since 1970 to decide at, or [ServerClock]. cfg and req must have passed
-// [ratelimit.CheckRequest]. The Call keeps cfg until [Call.Decision].
+// since 1970 to decide at, or [ServerClock]; req.Ago moves either back
+// (the server's: by a negative now below ServerClock, which the script
+// adds to TIME). cfg and req must have passed [ratelimit.CheckRequest].
+// The Call keeps cfg until [Call.Decision].
 func NewCall(prefix, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) Call {
+	if ago := req.Ago.Microseconds(); ago > 0 {
+		if now == ServerClock {
+			now -= ago
+		} else {
+			now = max(0, now-ago)
+		}
+	}
 	const header, perBand, trailer = 8 + 1 + 8 + 8 + 1 + 8 + 1 + 1, 1 + 6*8 + 1, 8
 	size := header + trailer
 	for i := range cfg.Bandwidths {

@@ -14,7 +14,8 @@
 -- The call's argument is the request, packed by NewCall in call.go
 -- (little-endian):
 --   c8 fingerprint, B op, d tokens, d max wait (µs), B strategy,
---   d now (µs; negative: use the server's TIME), B bandwidth count,
+--   d now (µs; negative: the server's TIME, less -1 - now µs: a request's
+--   Ago), B bandwidth count,
 --   B algorithm, then per bandwidth: B refill kind, d capacity, d scale,
 --   d rate, d period (µs), d initial tokens, d aligned start (µs), B ID
 --   length, c ID; then d config version.
@@ -110,7 +111,7 @@ local function begin(keys, args)
   clockGiven = now >= 0
   if not clockGiven then
     local t = redis.call('TIME')
-    now = t[1] * 1000000 + t[2] -- Lua converts the strings
+    now = t[1] * 1000000 + t[2] + now + 1 -- Lua converts the strings
   end
 end
 

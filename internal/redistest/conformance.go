@@ -66,7 +66,7 @@ const numAlgorithms = uint64(ratelimit.LeakyBucket) + 1
 
 // testMatchesMemory runs seeded random sequences of requests through the
 // backend and the memory backend, each on its own stepped clock, on every
-// algorithm, and wants every decision equal.
+// algorithm, some of them with an Ago, and wants every decision equal.
 func testMatchesMemory(t *testing.T, a Adapter, top topology) {
 	const sequences, steps = 300, 30
 	ctx := context.Background()
@@ -95,6 +95,11 @@ func testMatchesMemory(t *testing.T, a Adapter, top topology) {
 				cur = 1 - cur
 			}
 			req := RandRequest(r, cfgs[cur])
+			if takes := req.Op == ratelimit.Consume || req.Op == ratelimit.ConsumeUpTo || req.Op == ratelimit.Reserve; takes && r.IntN(4) == 0 {
+				// As of a while ago: before the bucket's last change, as
+				// often as not.
+				req.Ago = time.Duration(r.Int64N(int64(time.Minute)))
+			}
 			got, err := b.Do(ctx, key, cfgs[cur], req)
 			if err != nil {
 				t.Fatalf("seed %d, step %d: %+v: %v", seed, i, req, err)

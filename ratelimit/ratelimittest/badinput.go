@@ -122,6 +122,10 @@ func badRequests() []struct {
 		{"UnknownOp", ratelimit.Request{Op: 200, Tokens: 1}},
 		{"UnknownStrategy", ratelimit.Request{Op: ratelimit.Consume, Tokens: 1, Strategy: 200}},
 		{"ReplaceUnknownStrategy", replace(200)},
+		{"NegativeAgo", ratelimit.Request{Op: ratelimit.Consume, Tokens: 1, Ago: -time.Second}},
+		{"AgoOverMax", ratelimit.Request{Op: ratelimit.Consume, Tokens: 1, Ago: ratelimit.MaxAgo + time.Microsecond}},
+		{"AgoOnAdd", ratelimit.Request{Op: ratelimit.Add, Tokens: 1, Ago: time.Second}},
+		{"AgoOnInspect", ratelimit.Request{Op: ratelimit.Inspect, Ago: time.Second}},
 	}
 }
 

@@ -90,6 +90,7 @@ var suite = []group{
 	{"Algorithms", algorithmScenarios},
 	{"Versions", versionScenarios},
 	{"RefillAfter", refillAfterScenarios},
+	{"Ago", agoScenarios},
 }
 
 // runID tells this run's keys from those of earlier runs against the same
@@ -248,6 +249,9 @@ func describe(r ratelimit.Request) string {
 	}
 	if r.Strategy != 0 || r.Op == ratelimit.Replace {
 		s += fmt.Sprintf(" Strategy=%v", r.Strategy)
+	}
+	if r.Ago != 0 {
+		s += fmt.Sprintf(" Ago=%v", r.Ago)
 	}
 	return s
 }
