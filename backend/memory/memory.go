@@ -318,16 +318,17 @@ func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	if m.closed.Load() {
 		return d, ErrClosed
 	}
-	now := m.now()
+	clock := m.now()
+	now := clock
 	if req.Ago > 0 {
-		now = max(0, now-req.Ago.Microseconds()) // decided as of then
+		now = max(0, clock-req.Ago.Microseconds()) // decided as of then
 	}
 	sh := &m.shards[maphash.String(m.seed, key)&m.mask]
 	sh.mu.Lock()
 	err = m.apply(&d, sh, key, cfg, req, now)
 	sh.mu.Unlock()
 	if err == errNoRoom {
-		m.makeRoom(now)
+		m.makeRoom(clock) // what has expired by now, not by then
 		sh.mu.Lock()
 		err = m.apply(&d, sh, key, cfg, req, now)
 		sh.mu.Unlock()

@@ -117,6 +117,20 @@ func TestMaxKeysRefusesNewKeysButNeverForgetsDrainedOnes(t *testing.T) {
 	}
 }
 
+// TestMaxKeysAgo: a request with an Ago is decided as of then, but a new
+// key at the cap makes room of the buckets expired by now, not by then.
+func TestMaxKeysAgo(t *testing.T) {
+	clk := newClock()
+	b := memory.New(memory.WithClock(clk), memory.WithMaxKeys(1), memory.WithSweepInterval(0))
+	defer b.Close()
+	allow(t, ratelimit.New(b), "old")
+	clk.Advance(time.Second) // "old" is full again, so it may go
+	d, err := b.Do(context.Background(), "new", tenPerSecond, ratelimit.Request{Op: ratelimit.Consume, Tokens: 1, Ago: time.Hour})
+	if err != nil || !d.Allowed {
+		t.Fatalf("Consume an hour ago on a new key, the old one refilled by now: %+v, %v; want allowed", d, err)
+	}
+}
+
 func TestMaxKeysBoundsTheTotal(t *testing.T) {
 	const maxKeys = 100
 	b := memory.New(memory.WithClock(newClock()), memory.WithMaxKeys(maxKeys), memory.WithSweepInterval(0))
