@@ -81,7 +81,7 @@ bench-peers: ## sluice vs its peers in memory and on one redis-server (decisions
 	PEERS_COMMAND='make bench-peers' sh benchmarks/peers.sh bench/peers
 
 .PHONY: bench-script-cost
-bench-script-cost: ## instructions redis-server runs per decision (sluice: token bucket and GCRA on 1 and 2 greedy bandwidths, fixed window and sliding window counter on 1; redis_rate) under callgrind, into bench/scriptcost/ (about a minute)
+bench-script-cost: ## instructions redis-server runs per decision (sluice: token bucket and GCRA on 1 and 2 greedy bandwidths, fixed window, sliding window counter and sliding log on 1; redis_rate) under callgrind, into bench/scriptcost/ (about a minute)
 	sh benchmarks/scriptcost.sh bench/scriptcost
 
 .PHONY: bench-burst

@@ -1,8 +1,9 @@
 #!/bin/sh
 # scriptcost.sh counts, with callgrind, the instructions redis-server runs
 # per decision for sluice's token bucket and GCRA (one and two greedy
-# bandwidths), its fixed window and sliding window counter (one), and for
-# redis_rate, and per PING on the same connection, so that the difference
+# bandwidths), its fixed window, sliding window counter and sliding log
+# (one), and for redis_rate, and per PING on the same connection, so that
+# the difference
 # isolates the script's call (see cmd/scriptcost).
 #
 # Usage: benchmarks/scriptcost.sh [OUTDIR]   (default: bench/scriptcost, in the SDK root; git ignores bench/)

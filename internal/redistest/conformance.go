@@ -65,7 +65,7 @@ func testConformance(t *testing.T, a Adapter, tops []topology) {
 const numAlgorithms = uint64(ratelimit.LeakyBucket) + 1
 
 // testMatchesMemory runs seeded random sequences of requests through the
-// backend and the memory backend, each on its own stepped clock, on every
+// backend and the memory backend, both on one stepped clock, on every
 // algorithm, some of them with an Ago, and wants every decision equal.
 func testMatchesMemory(t *testing.T, a Adapter, top topology) {
 	const sequences, steps = 300, 30

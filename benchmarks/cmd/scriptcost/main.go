@@ -1,7 +1,7 @@
 // Command scriptcost counts the instructions redis-server executes for one
 // decision of each limiter, with callgrind: sluice's token bucket and GCRA
-// on one and on two greedy bandwidths, its fixed window and sliding window
-// counter on one, and
+// on one and on two greedy bandwidths, its fixed window, sliding window
+// counter and sliding window log on one, and
 // github.com/go-redis/redis_rate/v10, against a PING on the same
 // connection. benchmarks/scriptcost.sh starts the server under callgrind
 // and runs it.
@@ -157,6 +157,9 @@ func costCases(rdb *redis.Client) ([]costCase, error) {
 		sluice("sluice-gcra-2", ratelimit.GCRA, burst, hourly),
 		sluice("sluice-fixedwindow-1", ratelimit.FixedWindow, window),
 		sluice("sluice-slidingcounter-1", ratelimit.SlidingWindowCounter, window),
+		// The log keeps a member a request, so it gets the most a log may
+		// hold, in a window no run ends: each key's log grows by n/keys.
+		sluice("sluice-slidinglog-1", ratelimit.SlidingWindowLog, ratelimit.Every(time.Hour, ratelimit.MaxLogCapacity)),
 	}, nil
 }
 
