@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/ctxerr"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -280,8 +281,9 @@ func testNoRetry(t *testing.T, a LowLatencyAdapter) {
 }
 
 // testKilled: while the server is down a call fails at once, with or
-// without a deadline, and once it is back on the same port the next call
-// succeeds.
+// without a deadline (with the store's error, or with the caller's once
+// its deadline has passed), and once it is back on the same port the next
+// call succeeds.
 func testKilled(t *testing.T, a LowLatencyAdapter, kind LowLatencyKind) {
 	b, s := connected(t, a, kind, false)
 	r := s.nodes[0]
@@ -295,10 +297,17 @@ func testKilled(t *testing.T, a LowLatencyAdapter, kind LowLatencyKind) {
 	}{{"no deadline", 0}, {"5ms deadline", 5 * time.Millisecond}, {"no deadline again", 0}} {
 		cctx, cancel := withTimeout(ctx, tc.timeout)
 		_, elapsed, err := timed(cctx, b, "k")
+		// On a busy machine the caller's deadline can pass before the
+		// refused dial comes back, or before the call even starts: the
+		// call then ends with the caller's error, which is right, as its
+		// deadline was the caller's (ctxerr.Ended, checked after the fact:
+		// only later, never earlier, than the backend checked it).
+		deadline, ok := cctx.Deadline()
+		late := ok && errors.Is(err, context.DeadlineExceeded) && time.Until(deadline) <= ctxerr.Slack
 		cancel()
 		t.Logf("%s: a call on a killed server returned after %v: %v", tc.name, elapsed, err)
-		if !errors.Is(err, ratelimit.ErrBackendUnavailable) && !errors.Is(err, ratelimit.ErrTimeout) {
-			t.Errorf("%s: Do on a killed server: %v; want ErrBackendUnavailable or ErrTimeout", tc.name, err)
+		if !late && !errors.Is(err, ratelimit.ErrBackendUnavailable) && !errors.Is(err, ratelimit.ErrTimeout) {
+			t.Errorf("%s: Do on a killed server: %v; want ErrBackendUnavailable or ErrTimeout, or the caller's error once its deadline passed", tc.name, err)
 		}
 		if elapsed > a.StallBound {
 			t.Errorf("%s: Do on a killed server returned after %v; want at once", tc.name, elapsed)
