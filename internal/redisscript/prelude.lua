@@ -2,9 +2,10 @@
 -- before the algorithms' files, each of which defines its decision as the
 -- function run, and makes of them either one Redis Functions library
 -- (FUNCTION LOAD: this chunk and every algorithm's file run once, and each
--- FCALL runs only begin and the algorithm's run) or one script per
--- algorithm (EVALSHA: the prelude, the algorithm's file, then begin and
--- run, all on every call). The locals here are the algorithms' too.
+-- FCALL runs only the algorithm's fast path, and if that does not answer,
+-- begin and its run) or one script per algorithm (EVALSHA: the prelude,
+-- the algorithm's file, then the same, all on every call). The locals here
+-- are the algorithms' too.
 --
 -- The per-call state is in locals of this chunk, which begin sets from the
 -- call's key and argument: Redis runs one script or function at a time, so
@@ -81,6 +82,11 @@ local function requestFormat(n)
   end
   return f
 end
+
+-- fast is an algorithm's fast path: the reply to a call of the common case
+-- its file decides on its own, or nil for begin and run to decide. An
+-- algorithm's file may define its own; this one has none.
+local function fast() end
 
 -- The call: its key and argument, the request unpacked from it, the clock.
 local key, arg, cfg, count, fp, op, tokens, maxWait, strategy, now, algorithm, version, clockGiven
@@ -493,6 +499,10 @@ local function readState()
   return false -- another algorithm's: start afresh
 end
 
+-- setState writes v, a state that expires at expiry, at key k, at time t
+-- on the caller's clock (given) or the server's, where kept is the expiry
+-- of the state read, if this algorithm's state was there; store says how.
+--
 -- store writes the state packed (as encodeState takes it) to expire at
 -- expiry, or deletes the key when the state already equals a new bucket's
 -- (expiry at or before now; packed is then not read). kept is the expiry
@@ -506,6 +516,17 @@ end
 -- which costs Redis half as much as setting one. A caller's clock need not
 -- keep pace with the server's, so with one the key lives a minute longer
 -- than its expiry on that clock; the expiry in the state still decides.
+local function setState(k, v, expiry, t, given, kept)
+  if given then
+    local ms = expiry - t
+    redis.call('SET', k, v, 'PX', (ms + -ms % 1000) / 1000 + GRACE)
+  elseif kept and expiry <= kept + -kept % 1000000 then
+    redis.call('SET', k, v, 'KEEPTTL')
+  else
+    redis.call('SET', k, v, 'PXAT', (expiry + -expiry % 1000000) / 1000)
+  end
+end
+
 local function store(packed, expiry, kept)
   if expiry <= now then
     redis.call('DEL', key)
@@ -515,14 +536,7 @@ local function store(packed, expiry, kept)
   if v == nil then
     return corrupt()
   end
-  if clockGiven then
-    local ms = expiry - now
-    redis.call('SET', key, v, 'PX', (ms + -ms % 1000) / 1000 + GRACE)
-  elseif kept and expiry <= kept + -kept % 1000000 then
-    redis.call('SET', key, v, 'KEEPTTL')
-  else
-    redis.call('SET', key, v, 'PXAT', (expiry + -expiry % 1000000) / 1000)
-  end
+  setState(key, v, expiry, now, clockGiven, kept)
 end
 
 -- mulDivFloor is floor(a*b/c) for 1 <= b, c <= 2^51 and |a| <= 2^52,

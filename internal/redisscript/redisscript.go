@@ -55,7 +55,7 @@ type Script struct {
 	// Name is the script's file name without .lua.
 	Name string
 	// Source is the Lua source: prelude.lua, the algorithm's file, and a
-	// call of its run. KEYS[1] is the bucket's key (see [Key]); ARGV[1] is
+	// call of its fast path, then, unless that answered, of its run. KEYS[1] is the bucket's key (see [Key]); ARGV[1] is
 	// a request packed by [NewCall]. The reply is decoded by
 	// [Call.Decision].
 	Source string
@@ -78,7 +78,8 @@ var (
 
 // algorithms are the algorithms' files, one per algorithm but for
 // LeakyBucket, which is GCRA in its continuous-state form and runs GCRA's.
-// Each defines its decision as the Lua function run, after prelude.lua.
+// Each defines its decision as the Lua function run, after prelude.lua,
+// and may define a fast path for a common case as the function fast.
 var algorithms = []Script{
 	{"tokenbucket", tokenBucket},
 	{"gcra", gcra},
@@ -88,12 +89,12 @@ var algorithms = []Script{
 }
 
 // Scripts are the scripts, one per entry of algorithms: prelude.lua, the
-// algorithm's file, then begin and run on KEYS and ARGV. [Call.Script]
-// indexes it.
+// algorithm's file, then fast, and unless it answered begin and run, on
+// KEYS and ARGV. [Call.Script] indexes it.
 var Scripts = func() []Script {
 	s := make([]Script, len(algorithms))
 	for i, a := range algorithms {
-		s[i] = Script{a.Name, prelude + a.Source + "\nbegin(KEYS, ARGV)\nreturn run()\n"}
+		s[i] = Script{a.Name, prelude + a.Source + "\nlocal reply = fast(KEYS, ARGV)\nif reply then\n  return reply\nend\nbegin(KEYS, ARGV)\nreturn run()\n"}
 	}
 	return s
 }()
