@@ -45,7 +45,7 @@ func newLibrary() Library {
 		fn := lib.Name + "_" + a.Name
 		lib.Functions = append(lib.Functions, fn)
 		b.WriteString("do\n" + a.Source)
-		b.WriteString("redis.register_function('" + fn + "', function(keys, args)\n  local reply = fast(keys, args)\n  if reply then\n    return reply\n  end\n  begin(keys, args)\n  return run()\nend)\nend\n")
+		b.WriteString("redis.register_function('" + fn + "', function(keys, args)\n" + entry("keys", "args") + "end)\nend\n")
 	}
 	lib.Source = b.String()
 	return lib

@@ -100,6 +100,17 @@ local TOKEN_BUCKET_FORMAT, LEGACY_FORMAT = 112, 16
 -- callerCount keep the request's config once adopt has replaced it.
 local blob, callerCfg, callerCount
 
+-- clock returns whether the request gives the time, and the time to decide
+-- at: the request's, or, for a negative now, the server's TIME less the
+-- request's Ago (-1 - now µs).
+local function clock(now)
+  if now >= 0 then
+    return true, now
+  end
+  local t = redis.call('TIME')
+  return false, t[1] * 1000000 + t[2] + now + 1 -- Lua converts the strings
+end
+
 -- begin sets the call's state from keys[1], the bucket's key, and args[1],
 -- the request, and reads the server's clock unless the request gives one.
 local function begin(keys, args)
@@ -114,11 +125,7 @@ local function begin(keys, args)
   if algorithm == 0 then
     FORMAT = TOKEN_BUCKET_FORMAT
   end
-  clockGiven = now >= 0
-  if not clockGiven then
-    local t = redis.call('TIME')
-    now = t[1] * 1000000 + t[2] + now + 1 -- Lua converts the strings
-  end
+  clockGiven, now = clock(now)
 end
 
 -- The scripts that keep a bucket in a string share its layout (the tests

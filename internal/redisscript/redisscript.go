@@ -55,8 +55,9 @@ type Script struct {
 	// Name is the script's file name without .lua.
 	Name string
 	// Source is the Lua source: prelude.lua, the algorithm's file, and a
-	// call of its fast path, then, unless that answered, of its run. KEYS[1] is the bucket's key (see [Key]); ARGV[1] is
-	// a request packed by [NewCall]. The reply is decoded by
+	// call of its fast path, then, unless that answered, of its run (see
+	// entry). KEYS[1] is the bucket's key (see [Key]); ARGV[1] is a
+	// request packed by [NewCall]. The reply is decoded by
 	// [Call.Decision].
 	Source string
 }
@@ -94,10 +95,18 @@ var algorithms = []Script{
 var Scripts = func() []Script {
 	s := make([]Script, len(algorithms))
 	for i, a := range algorithms {
-		s[i] = Script{a.Name, prelude + a.Source + "\nlocal reply = fast(KEYS, ARGV)\nif reply then\n  return reply\nend\nbegin(KEYS, ARGV)\nreturn run()\n"}
+		s[i] = Script{a.Name, prelude + a.Source + "\n" + entry("KEYS", "ARGV")}
 	}
 	return s
 }()
+
+// entry is the Lua that decides a call on the keys and args named: the
+// algorithm's fast path, and unless it answered, begin and run. A script
+// ends with it; a library's function is it.
+func entry(keys, args string) string {
+	return "local reply = fast(" + keys + ", " + args + ")\nif reply then\n  return reply\nend\n" +
+		"begin(" + keys + ", " + args + ")\nreturn run()\n"
+}
 
 // scriptFor maps each algorithm to its script in Scripts, and to its
 // function in [Functions].

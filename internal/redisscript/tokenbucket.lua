@@ -316,11 +316,8 @@ local function fast(keys, args)
   if type(v) == 'table' then
     return nil
   end
-  local given = now >= 0
-  if not given then
-    local tm = redis.call('TIME')
-    now = tm[1] * 1000000 + tm[2] + now + 1
-  end
+  local given
+  given, now = clock(now)
   local f = cap * scale
   local level, stamp, kept = f, now, nil
   if v then

@@ -62,6 +62,9 @@
 //     groups' tables leave out: the binding bandwidth's own next token on
 //     the token algorithms, with several bandwidths and reserved ahead, the
 //     window algorithms' next request out of the window, and 0 when full.
+//   - Ago: a request with [ratelimit.Request.Ago] is decided as one made
+//     that long before, on every algorithm, and tokens taken long enough
+//     ago are all back; Ago out of range or on another op is refused.
 //
 // Scenarios reach the backend only through [ratelimit.Backend.Do],
 // [ratelimit.Limiter] and [ratelimit.Bucket], and assume nothing kept in
@@ -84,7 +87,7 @@
 //     Ops/EstimateKeepsANewBucket, Refill/Greedy,
 //     Refill/Interval, Refill/IntervalAligned, Refill/IntervalAlignedPartial,
 //     MultiBandwidth/SustainedBinds, Inheritance/RefillsAtNewRate, and
-//     every RefillAfter scenario but RefillAfter/Full);
+//     every RefillAfter scenario but RefillAfter/Full, and Ago/AsIfMadeThen);
 //   - runs Refill/*Bounds by sleeping (about half a second in all) and
 //     checks token counts against bounds;
 //   - checks every RetryAfter and ResetAfter as at most the exact value and
