@@ -127,8 +127,8 @@ type Request struct {
 	// not be asked (failpolicy's Local mode) are charged as of when they
 	// were taken, and refill from then. The bucket's time never goes back:
 	// a bucket changed since then decides the request as it would on a
-	// store whose clock stepped back (each algorithm's docs say how, and
-	// none counts the request less than at the bucket's last change). The
+	// store whose clock stepped back (each algorithm's docs say how: the
+	// sliding log, for one, keeps the request at its own time). The
 	// Decision is the one made then, its durations counted from then. It
 	// must be 0 to [MaxAgo]. Like Add, it trusts the caller: tokens taken
 	// "a while ago" may have refilled already, so never set it from a
