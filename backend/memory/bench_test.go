@@ -36,8 +36,8 @@ const manyKeys = 100_000
 // Sub-benchmarks are named path=allowed|denied/keys=1|100k/mode=serial|parallel.
 // mode=parallel runs b.RunParallel with each goroutine starting at a
 // different point of the key list, so with 100k keys goroutines rarely meet
-// on a shard; with keys=1 every goroutine hits the same bucket (shown for
-// information: one hot key is one lock).
+// on a bucket; with keys=1 every goroutine hits the same bucket and takes
+// its lock in turn.
 func BenchmarkMemoryAllow(b *testing.B) {
 	paths := []struct {
 		name  string

@@ -1,6 +1,6 @@
-// Package memory is the in-process [ratelimit.Backend]: buckets in sharded
-// maps, one lock per shard, for a single process or as the local fallback of
-// a distributed limiter.
+// Package memory is the in-process [ratelimit.Backend]: buckets in a
+// concurrent hash map whose reads take no lock, one lock per bucket, for a
+// single process or as the local fallback of a distributed limiter.
 //
 // A bucket that has refilled equals an absent one (see
 // [ratelimit.State.ExpiresAt]), so it is dropped: at once when a call leaves
@@ -9,23 +9,23 @@
 //
 // # Concurrency
 //
-// A Backend is safe for concurrent use. Calls on keys in different shards
-// never contend; an existing key's decision does not allocate.
+// A Backend is safe for concurrent use. Calls on different keys never wait
+// for each other; calls on one key take turns on that bucket's lock, which
+// each holds only while it decides. An existing key's decision does not
+// allocate.
 package memory
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"math"
-	"math/bits"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
+
+	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/sluicehq/sluice/internal/ctxerr"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -57,9 +57,14 @@ var (
 // Backend is the in-process store. Create one with [New]; stop its
 // background sweep with [Backend.Close].
 type Backend struct {
-	shards []shard
-	mask   uint64
-	seed   maphash.Seed
+	// buckets maps each key to its bucket. Its reads take no lock, so
+	// calls on one hot key meet only on that bucket's own lock.
+	buckets *xsync.Map[string, *bucket]
+	// shapes are the shapes new buckets took last, for the next ones on
+	// the same configs to share without a lookup table; next is the slot
+	// the next new shape goes to.
+	shapes [ringShapes]atomic.Pointer[shape]
+	next   atomic.Uint32
 
 	maxKeys int64
 	keys    atomic.Int64 // buckets held, never above maxKeys
@@ -79,36 +84,33 @@ type Backend struct {
 	done      chan struct{}
 }
 
-// shard is one lock and the buckets it guards, padded to its own cache
-// lines so that neighbouring shards' locks do not contend.
-type shard struct {
-	mu      sync.Mutex
-	buckets map[string]*entry
-	shapes  [ringShapes]*shape // the shapes its buckets took last
-	next    uint8              // the ring's slot for the next new shape
-	// st and bands hold the state of the bucket being decided, which the
-	// lock guards: scratch space that no call allocates.
-	st    ratelimit.State
-	bands [compactBands]ratelimit.BandState
-	_     [128 - (8+unsafe.Sizeof(map[string]*entry{})+8*ringShapes+8+unsafe.Sizeof(ratelimit.State{})+compactBands*unsafe.Sizeof(ratelimit.BandState{}))%128]byte
+// bucket is one key's bucket, in one 64-byte cache line: its lock, which
+// every decision on it holds, and its state. A hot key's decisions pass
+// that one line between CPUs and no other.
+type bucket struct {
+	mu sync.Mutex
+	// dead is set, under mu, when the bucket leaves the map: a call that
+	// found it before then looks the key up again.
+	dead bool
+	entry
 }
 
 // compactBands is the most bandwidths a compact entry holds.
 const compactBands = 2
 
-// ringShapes is how many shapes a shard remembers for its new buckets to
+// ringShapes is how many shapes a Backend remembers for its new buckets to
 // share: a few configs in turn share without a lookup table.
-const ringShapes = 4
+const ringShapes = 8
 
-// entry is one bucket, in 48 bytes: small, so that a service's hundred
-// thousand keys take 5 MB rather than the 22 MB of whole states. A bucket of
-// at most compactBands bandwidths whose state is only their levels and
-// stamps (a token bucket, GCRA, LeakyBucket, a fixed window, a sliding
-// window counter whose previous windows are empty) keeps those and its
-// expiry here, and what its config fixes (the fingerprint, version and
-// config, each bandwidth's ID, capacity, scale and rate) in shape, which
-// the buckets of a shard on one config share. Any other bucket has a shape
-// of its own that holds its whole state in full.
+// entry is one bucket's state, in 48 bytes: small, so that a service's
+// hundred thousand keys take a few MB rather than the 22 MB of whole
+// states. A bucket of at most compactBands bandwidths whose state is only
+// their levels and stamps (a token bucket, GCRA, LeakyBucket, a fixed
+// window, a sliding window counter whose previous windows are empty) keeps
+// those and its expiry here, and what its config fixes (the fingerprint,
+// version and config, each bandwidth's ID, capacity, scale and rate) in
+// shape, which the buckets on one config share. Any other bucket has a
+// shape of its own that holds its whole state in full.
 type entry struct {
 	shape     *shape
 	expiresAt int64
@@ -118,12 +120,25 @@ type entry struct {
 
 // shape is what a config fixes in a bucket's state: proto is such a state
 // whose levels, stamps and expiry are zero, its Bands in bands. A shape
-// with full set is instead one bucket's whole state.
+// with full set is instead one bucket's whole state. A shared shape is
+// never written once published.
 type shape struct {
 	proto ratelimit.State
 	bands [compactBands]ratelimit.BandState
 	full  *ratelimit.State
 }
+
+// scratch is the whole state of a compact bucket while it is decided.
+type scratch struct {
+	st    ratelimit.State
+	bands [compactBands]ratelimit.BandState
+}
+
+// scratches recycles the scratch space of decisions, so that none
+// allocates: Apply's state cannot live on the caller's stack, as the
+// compiler cannot prove that Apply keeps no pointer to it. Each CPU reuses
+// its own, which stays in its cache.
+var scratches = sync.Pool{New: func() any { return new(scratch) }}
 
 // expires is when the bucket becomes the same as an absent one.
 func (e *entry) expires() int64 {
@@ -133,21 +148,20 @@ func (e *entry) expires() int64 {
 	return e.expiresAt
 }
 
-// load makes sh.st the state of the compact bucket e, for Apply. Called
-// with sh.mu held.
-func (sh *shard) load(e *entry) {
-	sh.st = e.shape.proto
-	n := len(sh.st.Bands)
-	sh.bands = e.shape.bands
+// load makes sc the state of the compact bucket e, for Apply.
+func (e *entry) load(sc *scratch) {
+	sc.st = e.shape.proto
+	n := len(sc.st.Bands)
+	sc.bands = e.shape.bands
 	for i := range n {
-		sh.bands[i].Level, sh.bands[i].Stamp = e.level[i], e.stamp[i]
+		sc.bands[i].Level, sc.bands[i].Stamp = e.level[i], e.stamp[i]
 	}
-	sh.st.Bands, sh.st.ExpiresAt = sh.bands[:n], e.expiresAt
+	sc.st.Bands, sc.st.ExpiresAt = sc.bands[:n], e.expiresAt
 }
 
 // save stores st, which Apply left, in e: compact when it fits, in a shape
-// of the shard's, else whole.
-func (sh *shard) save(e *entry, st *ratelimit.State) {
+// m's buckets share, else whole.
+func (m *Backend) save(e *entry, st *ratelimit.State) {
 	if !fits(st) {
 		full := *st
 		full.Bands = slices.Clone(st.Bands)
@@ -155,7 +169,7 @@ func (sh *shard) save(e *entry, st *ratelimit.State) {
 		return
 	}
 	if e.shape == nil || !e.shape.holds(st) {
-		e.shape = sh.shapeOf(st)
+		e.shape = m.shapeOf(st)
 	}
 	e.expiresAt = st.ExpiresAt
 	for i := range st.Bands {
@@ -193,11 +207,11 @@ func (p *shape) holds(st *ratelimit.State) bool {
 	return true
 }
 
-// shapeOf returns a shape holding st: one the shard used last, or a new
-// one, which it remembers instead of its oldest. Called with sh.mu held.
-func (sh *shard) shapeOf(st *ratelimit.State) *shape {
-	for _, p := range sh.shapes {
-		if p != nil && p.adopts(st) {
+// shapeOf returns a shape holding st: one of the last ringShapes that m
+// made, or a new one, which replaces the oldest of them.
+func (m *Backend) shapeOf(st *ratelimit.State) *shape {
+	for i := range m.shapes {
+		if p := m.shapes[i].Load(); p != nil && p.adopts(st) {
 			return p
 		}
 	}
@@ -209,8 +223,7 @@ func (sh *shard) shapeOf(st *ratelimit.State) *shape {
 		p.bands[i].Level, p.bands[i].Stamp = 0, 0
 	}
 	p.proto.Bands = p.bands[:len(st.Bands)]
-	sh.shapes[sh.next] = p
-	sh.next = (sh.next + 1) % ringShapes
+	m.shapes[m.next.Add(1)%ringShapes].Store(p)
 	return p
 }
 
@@ -270,11 +283,8 @@ func New(opts ...Option) *Backend {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	n := shardCount()
 	m := &Backend{
-		shards:  make([]shard, n),
-		mask:    uint64(n - 1),
-		seed:    maphash.MakeSeed(),
+		buckets: xsync.NewMap[string, *bucket](),
 		maxKeys: int64(o.maxKeys),
 		clock:   o.clock,
 		origin:  time.Now(),
@@ -282,9 +292,6 @@ func New(opts ...Option) *Backend {
 		done:    make(chan struct{}),
 	}
 	m.originMicros = m.origin.UnixMicro()
-	for i := range m.shards {
-		m.shards[i].buckets = make(map[string]*entry)
-	}
 	if o.sweep > 0 {
 		go m.sweepEvery(o.sweep)
 	} else {
@@ -293,17 +300,10 @@ func New(opts ...Option) *Backend {
 	return m
 }
 
-// shardCount is a power of two, 64 shards per CPU, 256 to 4096: enough
-// that goroutines on different keys seldom meet on a lock.
-func shardCount() int {
-	n := 1 << bits.Len(uint(64*runtime.GOMAXPROCS(0)-1))
-	return min(max(n, 256), 4096)
-}
-
 // errNoRoom tells Do that a new key met the cap and a sweep may make room.
 var errNoRoom = errors.New("memory: no room")
 
-// Do implements [ratelimit.Backend]. It never blocks but on a shard's
+// Do implements [ratelimit.Backend]. It never blocks but on a bucket's
 // lock, so it reads ctx once, first: a call whose context is done returns
 // the context's error and takes nothing. A new bucket keeps key as passed:
 // a key sliced from a large buffer keeps that buffer alive as long as the
@@ -323,15 +323,10 @@ func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	if req.Ago > 0 {
 		now = max(0, clock-req.Ago.Microseconds()) // decided as of then
 	}
-	sh := &m.shards[maphash.String(m.seed, key)&m.mask]
-	sh.mu.Lock()
-	err = m.apply(&d, sh, key, cfg, req, now)
-	sh.mu.Unlock()
+	err = m.decide(&d, key, &cfg, &req, now)
 	if err == errNoRoom {
 		m.makeRoom(clock) // what has expired by now, not by then
-		sh.mu.Lock()
-		err = m.apply(&d, sh, key, cfg, req, now)
-		sh.mu.Unlock()
+		err = m.decide(&d, key, &cfg, &req, now)
 		if err == errNoRoom {
 			err = fmt.Errorf("%w: key %q is new, and the Backend holds WithMaxKeys(%d) buckets", ErrTooManyKeys, key, m.maxKeys)
 		}
@@ -339,53 +334,105 @@ func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	return d, err
 }
 
-// apply decides req on the bucket at key into d. Called with sh.mu held.
-func (m *Backend) apply(d *ratelimit.Decision, sh *shard, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) error {
-	e := sh.buckets[key]
-	if e == nil {
-		return m.create(d, sh, key, cfg, req, now)
+// decide decides req on the bucket at key into d.
+func (m *Backend) decide(d *ratelimit.Decision, key string, cfg *ratelimit.Config, req *ratelimit.Request, now int64) error {
+	for {
+		b, ok := m.buckets.Load(key)
+		if !ok {
+			var err error
+			if b, err = m.create(d, key, cfg, req, now); b == nil {
+				return err
+			}
+			// Another call created the bucket meanwhile: decide on it.
+		}
+		if m.decideOn(d, key, b, cfg, req, now) {
+			return nil
+		}
+		// b was dropped since the lookup: the key is absent again, or
+		// another call has made it a new bucket.
 	}
-	if full := e.shape.full; full != nil {
-		*d = ratelimit.Apply(full, cfg, req, now)
-	} else {
-		sh.load(e)
-		*d = ratelimit.Apply(&sh.st, cfg, req, now)
-		sh.save(e, &sh.st)
-	}
-	if expires := e.expires(); expires > now {
-		m.lowerExpiryHint(expires)
-		return nil
-	}
-	delete(sh.buckets, key) // the same as absent
-	m.keys.Add(-1)
-	return nil
 }
 
-// create decides req on an absent bucket, storing it unless it is still the
-// same as absent (full, and no InitialTokens below capacity). It reads
-// closed under the shard's lock, which Close takes to empty the shard
-// after setting closed, so that no call racing Close stores a bucket after
-// it.
-func (m *Backend) create(d *ratelimit.Decision, sh *shard, key string, cfg ratelimit.Config, req ratelimit.Request, now int64) error {
-	if m.closed.Load() {
-		return ErrClosed
+// decideOn decides req on b, which the map held at key, into d, unless b
+// has been dropped since; it reports whether it decided.
+func (m *Backend) decideOn(d *ratelimit.Decision, key string, b *bucket, cfg *ratelimit.Config, req *ratelimit.Request, now int64) bool {
+	sc := scratches.Get().(*scratch)
+	defer scratches.Put(sc)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.dead {
+		return false
 	}
-	st := &sh.st
-	*st = ratelimit.State{Bands: sh.bands[:0]}
-	*d = ratelimit.Apply(st, cfg, req, now)
+	m.apply(d, key, b, sc, cfg, req, now)
+	return true
+}
+
+// apply decides req on b, key's bucket, into d, in sc, and drops b if it
+// is then the same as an absent one. Called with b.mu held and b not
+// dead.
+func (m *Backend) apply(d *ratelimit.Decision, key string, b *bucket, sc *scratch, cfg *ratelimit.Config, req *ratelimit.Request, now int64) {
+	if full := b.shape.full; full != nil {
+		*d = ratelimit.Apply(full, *cfg, *req, now)
+	} else {
+		b.load(sc)
+		*d = ratelimit.Apply(&sc.st, *cfg, *req, now)
+		m.save(&b.entry, &sc.st)
+	}
+	if expires := b.expires(); expires > now {
+		m.lowerExpiryHint(expires)
+		return
+	}
+	m.drop(key, b)
+}
+
+// drop takes b, key's bucket, out of the map. Called with b.mu held and b
+// not dead: while both hold, the map holds b at key, as only drop deletes.
+func (m *Backend) drop(key string, b *bucket) {
+	b.dead = true
+	m.buckets.Delete(key)
+	m.keys.Add(-1)
+}
+
+// create decides req for key, whose bucket was absent, into d, and stores
+// the bucket unless it is still the same as an absent one (full, and no
+// InitialTokens below capacity). If another call stored key's bucket
+// first, create decides nothing and returns that bucket. A call racing
+// Close stores no bucket after it: create checks closed again once its
+// bucket is in the map, and Close, which sets closed first, then drops
+// every bucket in the map.
+func (m *Backend) create(d *ratelimit.Decision, key string, cfg *ratelimit.Config, req *ratelimit.Request, now int64) (*bucket, error) {
+	if m.closed.Load() {
+		return nil, ErrClosed
+	}
+	sc := scratches.Get().(*scratch)
+	defer scratches.Put(sc)
+	st := &sc.st
+	*st = ratelimit.State{Bands: sc.bands[:0]}
+	*d = ratelimit.Apply(st, *cfg, *req, now)
 	if st.ExpiresAt <= now {
-		return nil
+		return nil, nil // the same as absent: nothing to store
 	}
 	if m.keys.Add(1) > m.maxKeys {
 		m.keys.Add(-1)
 		*d = ratelimit.Decision{}
-		return errNoRoom
+		return nil, errNoRoom
 	}
-	e := new(entry)
-	sh.save(e, st)
-	sh.buckets[key] = e
+	nb := new(bucket)
+	nb.mu.Lock()
+	defer nb.mu.Unlock()
+	if b, loaded := m.buckets.LoadOrStore(key, nb); loaded {
+		m.keys.Add(-1)
+		*d = ratelimit.Decision{}
+		return b, nil
+	}
+	if m.closed.Load() {
+		m.drop(key, nb)
+		*d = ratelimit.Decision{}
+		return nil, ErrClosed
+	}
+	m.save(&nb.entry, st)
 	m.lowerExpiryHint(st.ExpiresAt)
-	return nil
+	return nil, nil
 }
 
 // lowerExpiryHint keeps expiryHint at or below expiresAt.
@@ -431,23 +478,22 @@ func (m *Backend) sweepEvery(interval time.Duration) {
 	}
 }
 
-// sweep drops every bucket expired at now, one shard at a time, and sets
-// expiryHint to the earliest time a remaining one expires.
+// sweep drops every bucket expired at now, one at a time under its own
+// lock, and sets expiryHint to the earliest time a remaining one expires.
 func (m *Backend) sweep(now int64) {
 	m.expiryHint.Store(math.MaxInt64)
-	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.mu.Lock()
-		for k, e := range sh.buckets {
-			if expires := e.expires(); expires <= now {
-				delete(sh.buckets, k)
-				m.keys.Add(-1)
+	m.buckets.Range(func(key string, b *bucket) bool {
+		b.mu.Lock()
+		if !b.dead {
+			if expires := b.expires(); expires <= now {
+				m.drop(key, b)
 			} else {
 				m.lowerExpiryHint(expires)
 			}
 		}
-		sh.mu.Unlock()
-	}
+		b.mu.Unlock()
+		return true
+	})
 }
 
 // Len returns how many buckets the Backend holds.
@@ -460,13 +506,14 @@ func (m *Backend) Close() error {
 		m.closed.Store(true)
 		close(m.stop)
 		<-m.done
-		for i := range m.shards {
-			sh := &m.shards[i]
-			sh.mu.Lock()
-			m.keys.Add(-int64(len(sh.buckets)))
-			clear(sh.buckets)
-			sh.mu.Unlock()
-		}
+		m.buckets.Range(func(key string, b *bucket) bool {
+			b.mu.Lock()
+			if !b.dead {
+				m.drop(key, b)
+			}
+			b.mu.Unlock()
+			return true
+		})
 	})
 	return nil
 }
