@@ -9,13 +9,14 @@
 # Usage: benchmarks/scriptcost.sh [OUTDIR]   (default: bench/scriptcost, in the SDK root; git ignores bench/)
 #
 # Environment: N decisions per case (default 2000), KEYS per case (default
-# 100), SCRIPTCOST_DIR a checkout whose benchmarks module is measured
+# 100), CASES a regular expression naming the cases to measure (default
+# all; PING always), SCRIPTCOST_DIR a checkout whose benchmarks module is measured
 # instead of this one (to compare two versions on one server in one run:
 # the server, and so the counts, are this run's).
 #
 # Into OUTDIR go env.txt (the machine, the versions and the settings),
-# scriptcost.txt (one line per case, in the Go benchmark format) and
-# redis-server.log. Needs valgrind (callgrind_control) and redis-server on
+# scriptcost.txt (one line per case, in the Go benchmark format),
+# callgrind.out.N (callgrind's dump of each case) and redis-server.log. Needs valgrind (callgrind_control) and redis-server on
 # PATH. The server runs under callgrind, so it is some fifty times slower:
 # about a minute at the defaults.
 set -eu
@@ -24,6 +25,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-bench/scriptcost}
 n=${N:-2000}
 keys=${KEYS:-100}
+cases=${CASES:-}
 src=${SCRIPTCOST_DIR:-$root}
 
 cd "$root"
@@ -43,12 +45,16 @@ server_tries=300
 	go version
 	redis-server --version
 	valgrind --version
-	echo "N=$n KEYS=$keys"
+	echo "N=$n KEYS=$keys CASES=$cases"
 	echo "uncommitted changes:"
 	git -C "$src" status --porcelain 2>/dev/null || true
 } >"$out/env.txt"
 
 (cd "$src/benchmarks" && go build -o "$tmp/scriptcost" ./cmd/scriptcost)
 
-"$tmp/scriptcost" -addr "127.0.0.1:$port" -pid "$pid" -out "$tmp/callgrind.out" -n "$n" -keys "$keys" |
+"$tmp/scriptcost" -addr "127.0.0.1:$port" -pid "$pid" -out "$tmp/callgrind.out" -n "$n" -keys "$keys" -cases "$cases" |
 	tee "$out/scriptcost.txt"
+# callgrind's dumps, one per case in order (callgrind.out.1 is PING's): on
+# a redis-server with symbols (Debian's is stripped), callgrind_annotate
+# says where a case's instructions go.
+cp "$tmp"/callgrind.out.* "$out/"

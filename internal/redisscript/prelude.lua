@@ -220,7 +220,8 @@ local function decodeState(v)
 end
 
 -- width is the fewest bytes (1 to 7) that hold the unsigned u and, in two's
--- complement, the signed s; 8 if none do.
+-- complement, the signed s; 8 if none do. Comparisons, not a loop: a state
+-- is encoded on every call. A NaN fails every comparison, so it gets 8.
 local function width(u, s)
   if s < 0 then
     s = -s - 1
@@ -229,11 +230,24 @@ local function width(u, s)
   if s > u then
     u = s
   end
-  local w, limit = 1, 256
-  while u >= limit and w < 8 do -- bounded: u may be infinite
-    w, limit = w + 1, limit * 256
+  if u < 2 ^ 24 then
+    if u < 2 ^ 8 then
+      return 1
+    elseif u < 2 ^ 16 then
+      return 2
+    end
+    return 3
+  elseif u < 2 ^ 40 then
+    if u < 2 ^ 32 then
+      return 4
+    end
+    return 5
+  elseif u < 2 ^ 48 then
+    return 6
+  elseif u < 2 ^ 56 then
+    return 7
   end
-  return w
+  return 8
 end
 
 -- bands returns blob, cut from the request when not yet adopted.

@@ -275,19 +275,23 @@ local function run()
   return reply
 end
 
--- The fast path: a Consume on one greedy bandwidth that starts full, with
--- no ID, on an unversioned config, on a bucket of this config or none.
--- It is run's math for that case alone, on locals instead of the call's
--- tables: the same decisions and the same stored bytes, which the tests
--- that compare the scripts with ratelimit.Apply check along with run's.
--- Anything else (another state, a value that fails run's checks, a
--- decision out of range) it leaves to run, which decides it or refuses it.
--- It costs the server about 60% of run's instructions (docs/redis.md).
--- The fingerprint is read as two 4-byte numbers, not a string: Lua makes
--- a string at a cost of thousands of instructions.
-local FAST_REQUEST = '<I4I4BddBdBBBddddddBd'
-local FAST_LENGTH = 36 + 1 + 6 * 8 + 1 + 8 -- one bandwidth, no ID
-local fastDecode, fastEncode = {}, {} -- by width byte: at most 49 each
+-- The fast path: a Consume on one or two greedy bandwidths that start
+-- full, on an unversioned config, on a bucket of this config or none. It is run's math for that case alone, on locals instead of the
+-- call's tables: the same decisions and the same stored bytes, which the
+-- tests that compare the scripts with ratelimit.Apply check along with
+-- run's, and TestFastPathMatchesApply on the fast path alone. Anything
+-- else (another state, a value that fails run's checks, a decision out of
+-- range) it leaves to run, which decides it or refuses it. It costs the
+-- server about 60% of run's instructions (docs/redis.md). A bandwidth's
+-- math is in functions of its fields, which fast calls once a bandwidth:
+-- a table read costs Lua about as much as a call, and fast would make
+-- dozens. The fingerprint is read as two 4-byte numbers, not a string: Lua
+-- makes a string at a cost of thousands of instructions.
+local FAST_REQUEST = {'<I4I4BddBdBBBddddddBc0d', '<I4I4BddBdBBBddddddBc0BddddddBc0d'}
+local FAST_LENGTH = {36 + 50 + 8, 36 + 2 * 50 + 8} -- by bandwidth count, IDs aside
+-- The struct formats the fast path keeps, by the width bytes of the
+-- states it decodes and encodes (at most 49 + 49² each).
+local fastDecode, fastEncode = {}, {}
 
 -- fastTimeTo is timeTo for the fast path: the µs until a greedy bandwidth
 -- of rate whose stamp is ahead µs after now gains short scaled units.
@@ -302,52 +306,10 @@ local function fastTimeTo(short, rate, ahead)
   return steps
 end
 
-local function fast(keys, args)
-  local a = args[1]
-  if #a ~= FAST_LENGTH then
-    return nil
-  end
-  local fp1, fp2, o, t, _, _, now, n, alg, kind, cap, scale, rate, _, initial, _, _, version = struct.unpack(FAST_REQUEST, a)
-  if o ~= CONSUME or n ~= 1 or alg ~= 0 or kind ~= GREEDY or initial ~= cap or version ~= 0 then
-    return nil
-  end
-  local k = keys[1]
-  local v = redis.pcall('GET', k)
-  if type(v) == 'table' then
-    return nil
-  end
-  local given
-  given, now = clock(now)
-  local f = cap * scale
-  local level, stamp, kept = f, now, nil
-  if v then
-    -- A state of one bandwidth with no ID, its pairs w1 and w2 bytes
-    -- wide, is 18 + 2·w1 + 2·w2 bytes long; of that length, it unpacks.
-    local w = string.byte(v, 17) or 0
-    local format = fastDecode[w]
-    if not format then
-      local w2 = w % 16
-      local w1 = (w - w2) / 16
-      if w1 < 1 or w1 > 7 or w2 < 1 or w2 > 7 then
-        return nil
-      end
-      format = {'<BI4I4I7x' .. PAIRS[w1] .. PAIRS[w2] .. 'B', 18 + 2 * w1 + 2 * w2}
-      fastDecode[w] = format
-    end
-    if #v ~= format[2] then
-      return nil
-    end
-    local head, f1, f2, exp, c, l, sc, back, id = struct.unpack(format[1], v)
-    if head ~= TOKEN_BUCKET_FORMAT or f1 ~= fp1 or f2 ~= fp2 or id ~= 0 or c ~= cap or sc ~= scale or f > MAX_SCALED or
-      l > f or l < -MAX_SCALED then
-      return nil
-    end
-    kept = exp
-    if now < exp then
-      level, stamp = l, exp - back
-    end
-  end
-  -- Refill.
+-- fastRefill returns a greedy bandwidth of f scaled units full and rate,
+-- at level and stamp, brought up to now: its level and stamp, and the µs
+-- until it holds need scaled units.
+local function fastRefill(f, rate, level, stamp, need, now)
   local elapsed = now - stamp
   if elapsed > 0 then
     if level < f then
@@ -359,40 +321,186 @@ local function fast(keys, args)
     end
     stamp = now
   end
-  local ahead = stamp - now
-  local allowed, consumed, retry = 1, 0, fastTimeTo(t * scale - level, rate, ahead)
-  if retry == 0 then
-    level, consumed = level - t * scale, t
-  else
-    allowed = 0
-  end
+  return level, stamp, fastTimeTo(need - level, rate, stamp - now)
+end
+
+-- fastSettle returns the whole tokens a greedy bandwidth at level and
+-- stamp holds, and the µs until it is full.
+local function fastSettle(cap, scale, rate, level, stamp, now)
   local left = 0
   if level > 0 then
     left = (level - level % scale) / scale
   end
-  local refill = 0
-  if left < cap then
-    refill = fastTimeTo((left + 1) * scale - level, rate, ahead)
-  end
-  local reset = fastTimeTo(f - level, rate, ahead)
-  if not (left <= cap and retry < SATURATED and reset < SATURATED and refill <= reset) then
-    return nil
-  end
-  -- reset > 0: a Consume either takes tokens or finds fewer than it
-  -- asks, so the bucket is not full and the key is written, never deleted.
-  local expiry = now + reset
-  local back = expiry - stamp
+  return left, fastTimeTo(cap * scale - level, rate, stamp - now)
+end
+
+-- fastWidth is the width byte of a bandwidth's stored pairs, (cap, level)
+-- and (scale, back); nil if they do not fit or are not whole.
+local function fastWidth(cap, level, scale, back)
   local w1, w2 = width(cap, level), width(scale, back)
   if w1 > 7 or w2 > 7 or level % 1 ~= 0 or back % 1 ~= 0 then
     return nil
   end
-  local w = 16 * w1 + w2
-  local format = fastEncode[w]
-  if not format then
-    format = '<BI4I4I7B' .. PAIRS[w1] .. PAIRS[w2] .. 'B'
-    fastEncode[w] = format
+  return 16 * w1 + w2
+end
+
+-- fastStateFormat is the struct format of v, a state of n bandwidths, and
+-- its length in bytes, IDs aside; nil for width bytes no state has.
+local function fastStateFormat(v, n)
+  local format, length = '<BI4I4I7' .. string.rep('x', n), 16 + n
+  for i = 1, n do
+    local w = string.byte(v, 16 + i) or 0
+    local w2 = w % 16
+    local w1 = (w - w2) / 16
+    if w1 < 1 or w1 > 7 or w2 < 1 or w2 > 7 then
+      return nil
+    end
+    format, length = format .. PAIRS[w1] .. PAIRS[w2] .. 'Bc0', length + 2 * w1 + 2 * w2 + 1
   end
-  v = struct.pack(format, TOKEN_BUCKET_FORMAT, fp1, fp2, expiry, w, cap, level, scale, back, 0)
+  return {format, length}
+end
+
+local function fast(keys, args)
+  local a = args[1]
+  local n = string.byte(a, 35)
+  if n ~= 1 and n ~= 2 then
+    return nil
+  end
+  -- Bandwidth i's capacity, scale, rate, initial tokens, refill kind and
+  -- ID are cap<i>, scale<i>, rate<i>, init<i>, kind<i> and id<i>.
+  local fp1, fp2, o, t, now, alg, version, _
+  local cap1, scale1, rate1, init1, kind1, id1, cap2, scale2, rate2, init2, kind2, id2
+  if n == 1 then
+    fp1, fp2, o, t, _, _, now, _, alg, kind1, cap1, scale1, rate1, _, init1, _, id1, version =
+      struct.unpack(FAST_REQUEST[1], a)
+  else
+    fp1, fp2, o, t, _, _, now, _, alg, kind1, cap1, scale1, rate1, _, init1, _, id1, kind2, cap2, scale2, rate2, _,
+      init2, _, id2, version = struct.unpack(FAST_REQUEST[2], a)
+    if kind2 ~= GREEDY or init2 ~= cap2 then
+      return nil
+    end
+  end
+  local ids = #id1 + #(id2 or '')
+  if #a ~= FAST_LENGTH[n] + ids then
+    return nil
+  end
+  if o ~= CONSUME or alg ~= 0 or version ~= 0 or kind1 ~= GREEDY or init1 ~= cap1 then
+    return nil
+  end
+  local k = keys[1]
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' then
+    return nil
+  end
+  local given, kept
+  given, now = clock(now)
+  local f1, f2 = cap1 * scale1, 0
+  if n == 2 then
+    f2 = cap2 * scale2
+  end
+  local level1, stamp1, level2, stamp2 = f1, now, f2, now
+  if v then
+    -- A state of n bandwidths with no IDs, whose width bytes make shape,
+    -- is of the length its format says; of that length, it unpacks.
+    local shape = string.byte(v, 17) or 0
+    if n == 2 then
+      shape = shape + 256 * (string.byte(v, 18) or 0)
+    end
+    local format = fastDecode[shape]
+    if not format then
+      format = fastStateFormat(v, n)
+      if not format then
+        return nil
+      end
+      fastDecode[shape] = format
+    end
+    if #v ~= format[2] + ids then
+      return nil
+    end
+    -- An ID's length byte may say more than the value holds: pcall.
+    local ok, head, h1, h2, exp, c1, l1, sc1, b1, s1, c2, l2, sc2, b2, s2 = pcall(struct.unpack, format[1], v)
+    if not ok or head ~= TOKEN_BUCKET_FORMAT + n - 1 or h1 ~= fp1 or h2 ~= fp2 or s1 ~= id1 or c1 ~= cap1 or
+      sc1 ~= scale1 or f1 > MAX_SCALED or l1 > f1 or l1 < -MAX_SCALED then
+      return nil
+    end
+    if n == 2 and (s2 ~= id2 or c2 ~= cap2 or sc2 ~= scale2 or f2 > MAX_SCALED or l2 > f2 or l2 < -MAX_SCALED) then
+      return nil
+    end
+    kept = exp
+    if now < exp then
+      level1, stamp1 = l1, exp - b1
+      if n == 2 then
+        level2, stamp2 = l2, exp - b2
+      end
+    end
+  end
+  -- Refill, and the wait for t tokens: the longest of the bandwidths'.
+  local wait, wait2, slowest
+  level1, stamp1, wait = fastRefill(f1, rate1, level1, stamp1, t * scale1, now)
+  slowest = 1
+  if n == 2 then
+    level2, stamp2, wait2 = fastRefill(f2, rate2, level2, stamp2, t * scale2, now)
+    if wait2 > wait then
+      wait, slowest = wait2, 2
+    end
+  end
+  local allowed, consumed = 0, 0
+  if wait == 0 then
+    allowed, consumed = 1, t
+    level1, level2 = level1 - t * scale1, level2 - t * (scale2 or 0)
+  end
+  -- Settle: the binding bandwidth (when allowed, the one with the fewest
+  -- whole tokens left, the first of equals), its next token, and the time
+  -- to full.
+  local left, reset = fastSettle(cap1, scale1, rate1, level1, stamp1, now)
+  local binding, cap, scale, rate, level, stamp = 1, cap1, scale1, rate1, level1, stamp1
+  if n == 2 then
+    local left2, reset2 = fastSettle(cap2, scale2, rate2, level2, stamp2, now)
+    if reset2 > reset then
+      reset = reset2
+    end
+    if allowed == 1 and left2 < left or allowed == 0 and slowest == 2 then
+      left, binding, cap, scale, rate, level, stamp = left2, 2, cap2, scale2, rate2, level2, stamp2
+    end
+  end
+  local refill = 0
+  if left < cap then
+    refill = fastTimeTo((left + 1) * scale - level, rate, stamp - now)
+  end
+  if not (left <= cap and wait < SATURATED and reset < SATURATED and refill <= reset) then
+    return nil
+  end
+  -- reset > 0: a Consume either takes tokens or finds fewer than it asks,
+  -- so the bucket is not full and the key is written, never deleted.
+  local expiry = now + reset
+  local w1 = fastWidth(cap1, level1, scale1, expiry - stamp1)
+  if not w1 then
+    return nil
+  end
+  local shape, w2 = w1, nil
+  if n == 2 then
+    w2 = fastWidth(cap2, level2, scale2, expiry - stamp2)
+    if not w2 then
+      return nil
+    end
+    shape = w1 + 256 * w2
+  end
+  local format = fastEncode[shape]
+  if not format then
+    local lo1, lo2 = w1 % 16, (w2 or 0) % 16
+    format = '<BI4I4I7B' .. PAIRS[(w1 - lo1) / 16] .. PAIRS[lo1] .. 'Bc0'
+    if n == 2 then
+      format = '<BI4I4I7BB' .. PAIRS[(w1 - lo1) / 16] .. PAIRS[lo1] .. 'Bc0' .. PAIRS[(w2 - lo2) / 16] .. PAIRS[lo2] ..
+        'Bc0'
+    end
+    fastEncode[shape] = format
+  end
+  if n == 1 then
+    v = struct.pack(format, TOKEN_BUCKET_FORMAT, fp1, fp2, expiry, w1, cap1, level1, scale1, expiry - stamp1, #id1, id1)
+  else
+    v = struct.pack(format, TOKEN_BUCKET_FORMAT + 1, fp1, fp2, expiry, w1, w2, cap1, level1, scale1, expiry - stamp1,
+      #id1, id1, cap2, level2, scale2, expiry - stamp2, #id2, id2)
+  end
   setState(k, v, expiry, now, given, kept)
-  return {allowed, consumed, cap, left, retry, reset, refill, 0}
+  return {allowed, consumed, cap, left, wait, reset, refill, binding - 1}
 end

@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +53,7 @@ type flags struct {
 	addr, out string
 	pid, n    int
 	keys      int
+	cases     *regexp.Regexp
 }
 
 // decide is one decision on key; it fails if the decision is not allowed.
@@ -72,7 +74,12 @@ func main() {
 	flag.StringVar(&f.out, "out", "", "callgrind's --callgrind-out-file")
 	flag.IntVar(&f.n, "n", 2000, "decisions per case")
 	flag.IntVar(&f.keys, "keys", 100, "distinct keys per case, called round robin")
+	cases := flag.String("cases", "", "a regular expression: measure only the cases it matches (and ping)")
 	flag.Parse()
+	var err error
+	if f.cases, err = regexp.Compile(*cases); err != nil {
+		log.Fatalf("scriptcost: -cases: %v", err)
+	}
 	if f.addr == "" || f.pid < 1 || f.out == "" || f.n < 1 || f.keys < 1 || flag.NArg() > 0 {
 		flag.Usage()
 		os.Exit(2)
@@ -94,6 +101,9 @@ func run(ctx context.Context, f flags) error {
 	}
 	var ping float64
 	for _, c := range cases {
+		if c.name != "ping" && !f.cases.MatchString(c.name) {
+			continue
+		}
 		ir, err := measure(ctx, f, c)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.name, err)
