@@ -33,6 +33,10 @@ type reportData struct {
 	Facts      map[string]string
 	Dirty      bool
 	GOMAXPROCS string
+	// Standing is the table of sluice's decisions/s over each peer's;
+	// Behind of its All ratios are below 1.
+	Standing    string
+	Behind, All int
 	// The tables, in Markdown.
 	MemoryThroughput, MemoryLatency, MemoryHotKey, KeyMemory   string
 	RedisThroughput, RedisLatency, RedisServerCPU, RedisHotKey string
@@ -61,7 +65,11 @@ func writeReport(w io.Writer, res *results, redisMemory, raw string, images map[
 	decisions := func(parts ...string) string { return formatCount(res, "decisions/s", parts) }
 	latency := func(parts ...string) string { return formatLatency(res, parts) }
 	serverCPU := func(parts ...string) string { return formatMicros(res, "server-µs/op", parts) }
+	standing, behind, all := standingTable(res)
 	return tmpl.Execute(w, reportData{
+		Standing:         standing,
+		Behind:           behind,
+		All:              all,
 		Facts:            res.facts,
 		Dirty:            res.dirty(),
 		GOMAXPROCS:       gomaxprocs,

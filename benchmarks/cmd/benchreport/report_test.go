@@ -244,3 +244,43 @@ func TestLogTicks(t *testing.T) {
 		}
 	}
 }
+
+// TestStanding: the first paragraph's table divides sluice's decisions/s
+// by each peer's (medians), bolds and lists where sluice is behind, and
+// leaves a comparison the run lacks blank.
+func TestStanding(t *testing.T) {
+	res := readSample(t)
+	table, behind, all := standingTable(res)
+	for _, want := range []string{
+		// 4,000,000 ÷ median(5,000,000, 4,000,000); 8,000,000 ÷ 9,000,000.
+		"| in memory, 100,000 keys: `sluice` ÷ `xrate` | **0.89×** | **0.89×** |",
+		// No sluice row for one key.
+		"| in memory, one hot key: `sluice` ÷ `xrate` | – | – |",
+		// 23,000 ÷ 22,000; 35,000 ÷ 30,000.
+		"| Redis, 10,000 keys: `sluice-goredis` ÷ `redis_rate` | 1.05× | 1.17× |",
+		"sluice's over redis_rate's: 1.20× on 10k keys.",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("the standing table has no %q:\n%s", want, table)
+		}
+	}
+	// Behind: xrate at 1 and 16 goroutines; ahead: goredis at 1 and 16,
+	// and the ceiling.
+	if behind != 2 || all != 5 {
+		t.Errorf("behind in %d of %d ratios, want 2 of 5", behind, all)
+	}
+	images := map[string]string{}
+	for _, f := range figures {
+		images[f.name] = "images/" + f.file
+	}
+	report := func() string {
+		var b bytes.Buffer
+		if err := writeReport(&b, res, "", "", images); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}()
+	if !strings.Contains(report, "sluice is behind in 2 of these 5 ratios") {
+		t.Error("the report does not say where sluice is behind")
+	}
+}
