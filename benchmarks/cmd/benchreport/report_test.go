@@ -147,19 +147,28 @@ func TestFormatValue(t *testing.T) {
 	}
 }
 
-func TestWriteReport(t *testing.T) {
-	res := readSample(t)
+// sampleImages puts every plot under images/.
+func sampleImages() map[string]string {
 	images := map[string]string{}
 	for _, f := range figures {
 		images[f.name] = "images/" + f.file
 	}
-	render := func() string {
-		var b bytes.Buffer
-		if err := writeReport(&b, res, "redismemory's table\n", "the raw results\n", images); err != nil {
-			t.Fatal(err)
-		}
-		return b.String()
+	return images
+}
+
+// renderSample is the report of res, with sampleImages.
+func renderSample(t *testing.T, res *results) string {
+	t.Helper()
+	var b bytes.Buffer
+	if err := writeReport(&b, res, "redismemory's table\n", "the raw results\n", sampleImages()); err != nil {
+		t.Fatal(err)
 	}
+	return b.String()
+}
+
+func TestWriteReport(t *testing.T) {
+	res := readSample(t)
+	render := func() string { return renderSample(t, res) }
 	report := render()
 	for _, want := range []string{
 		"| commit | `1234abc` |",
@@ -186,7 +195,7 @@ func TestWriteReport(t *testing.T) {
 
 	delete(res.facts, "kernel")
 	var b bytes.Buffer
-	if err := writeReport(&b, res, "", "", images); err == nil {
+	if err := writeReport(&b, res, "", "", sampleImages()); err == nil {
 		t.Error("writeReport succeeded on results without the kernel")
 	}
 	res.facts["kernel"] = "Linux"
@@ -269,18 +278,7 @@ func TestStanding(t *testing.T) {
 	if behind != 2 || all != 5 {
 		t.Errorf("behind in %d of %d ratios, want 2 of 5", behind, all)
 	}
-	images := map[string]string{}
-	for _, f := range figures {
-		images[f.name] = "images/" + f.file
-	}
-	report := func() string {
-		var b bytes.Buffer
-		if err := writeReport(&b, res, "", "", images); err != nil {
-			t.Fatal(err)
-		}
-		return b.String()
-	}()
-	if !strings.Contains(report, "sluice is behind in 2 of these 5 ratios") {
+	if report := renderSample(t, res); !strings.Contains(report, "sluice is behind in 2 of these 5 ratios") {
 		t.Error("the report does not say where sluice is behind")
 	}
 }
