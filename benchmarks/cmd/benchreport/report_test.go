@@ -147,7 +147,7 @@ func TestFormatValue(t *testing.T) {
 	}
 }
 
-// sampleImages puts every plot under images/.
+// sampleImages names each plot in a folder images beside the report.
 func sampleImages() map[string]string {
 	images := map[string]string{}
 	for _, f := range figures {
