@@ -118,20 +118,19 @@ type entry struct {
 	stamp     [compactBands]int64
 }
 
-// shape is what a config fixes in a bucket's state: proto is such a state
-// whose levels, stamps and expiry are zero, its Bands in bands. A shape
-// with full set is instead one bucket's whole state. A shared shape is
-// never written once published.
-type shape struct {
-	proto ratelimit.State
-	bands [compactBands]ratelimit.BandState
-	full  *ratelimit.State
-}
-
-// scratch is the whole state of a compact bucket while it is decided.
+// scratch is the whole state of a compact bucket, its Bands in bands: as
+// it is decided, and, levels, stamps and expiry zero, in its shape.
 type scratch struct {
 	st    ratelimit.State
 	bands [compactBands]ratelimit.BandState
+}
+
+// shape is what a config fixes in a bucket's state: proto. A shape with
+// full set is instead one bucket's whole state. A shared shape is never
+// written once published.
+type shape struct {
+	proto scratch
+	full  *ratelimit.State
 }
 
 // scratches recycles the scratch space of decisions, so that none
@@ -150,9 +149,8 @@ func (e *entry) expires() int64 {
 
 // load makes sc the state of the compact bucket e, for Apply.
 func (e *entry) load(sc *scratch) {
-	sc.st = e.shape.proto
+	*sc = e.shape.proto
 	n := len(sc.st.Bands)
-	sc.bands = e.shape.bands
 	for i := range n {
 		sc.bands[i].Level, sc.bands[i].Stamp = e.level[i], e.stamp[i]
 	}
@@ -193,13 +191,13 @@ func fits(st *ratelimit.State) bool {
 // holds reports whether st's fixed fields are p's: the same config
 // (fingerprint, algorithm, version and the kept config) and bandwidths.
 func (p *shape) holds(st *ratelimit.State) bool {
-	pr := &p.proto
+	pr := &p.proto.st
 	if p.full != nil || pr.Fingerprint != st.Fingerprint || pr.Algorithm != st.Algorithm || pr.Version != st.Version ||
 		pr.Config != st.Config || len(pr.Bands) != len(st.Bands) {
 		return false
 	}
 	for i := range st.Bands {
-		a, b := &p.bands[i], &st.Bands[i]
+		a, b := &p.proto.bands[i], &st.Bands[i]
 		if a.ID != b.ID || a.Capacity != b.Capacity || a.Scale != b.Scale || a.Rate != b.Rate {
 			return false
 		}
@@ -216,13 +214,13 @@ func (m *Backend) shapeOf(st *ratelimit.State) *shape {
 		}
 	}
 	p := new(shape)
-	p.proto = *st
-	p.proto.ExpiresAt = 0
+	p.proto.st = *st
+	p.proto.st.ExpiresAt = 0
 	for i := range st.Bands {
-		p.bands[i] = st.Bands[i]
-		p.bands[i].Level, p.bands[i].Stamp = 0, 0
+		p.proto.bands[i] = st.Bands[i]
+		p.proto.bands[i].Level, p.proto.bands[i].Stamp = 0, 0
 	}
-	p.proto.Bands = p.bands[:len(st.Bands)]
+	p.proto.st.Bands = p.proto.bands[:len(st.Bands)]
 	m.shapes[m.next.Add(1)%ringShapes].Store(p)
 	return p
 }
@@ -235,7 +233,7 @@ func (p *shape) adopts(st *ratelimit.State) bool {
 	if p.holds(st) {
 		return true
 	}
-	c, pc := st.Config, p.proto.Config
+	c, pc := st.Config, p.proto.st.Config
 	if c == nil || pc == nil || c.Version != pc.Version || c.Fingerprint() != pc.Fingerprint() {
 		return false
 	}

@@ -150,6 +150,19 @@ local FORMATS_END, VERSIONED = 128, 128
 -- bytes, spelled out: building it from w would format w with sprintf.
 local PAIRS = {'I1i1', 'I2i2', 'I3i3', 'I4i4', 'I5i5', 'I6i6', 'I7i7'}
 
+-- bandFormat is the struct format of a stored bandwidth whose width byte
+-- is w (its two pairs, ID length and ID), and its length in bytes but the
+-- ID's; nil for a width byte no state has. Formats are built once per
+-- shape and kept, so this runs on a cache's miss, not on every call.
+local function bandFormat(w)
+  local w2 = w % 16
+  local w1 = (w - w2) / 16
+  if w1 < 1 or w1 > 7 or w2 < 1 or w2 > 7 then
+    return nil
+  end
+  return PAIRS[w1] .. PAIRS[w2] .. 'Bc0', 2 * w1 + 2 * w2 + 1
+end
+
 -- A decoded state's fields: old[2] is the fingerprint, old[3] the expiry,
 -- and bandwidth j's field F is old[5 * j + F].
 local OLD_U1, OLD_S1, OLD_U2, OLD_S2, OLD_ID = -1, 0, 1, 2, 3
@@ -199,9 +212,7 @@ local function decodeState(v)
     -- then each bandwidth.
     format = '<c8I7x' .. rep('x', n - 1)
     for j = 1, n do
-      local w = byte(v, 16 + j)
-      local w2 = w % 16
-      format = format .. PAIRS[(w - w2) / 16] .. PAIRS[w2] .. 'Bc0'
+      format = format .. bandFormat(byte(v, 16 + j))
     end
     if versioned then
       format = format .. 'I7I2c0'
@@ -293,9 +304,7 @@ local function encodeState(p, exp)
   if not format then
     format = '<Bc8I7B' .. rep('B', count - 1)
     for i = 1, count do
-      local w = fields[3 + i]
-      local w2 = w % 16
-      format = format .. PAIRS[(w - w2) / 16] .. PAIRS[w2] .. 'Bc0'
+      format = format .. bandFormat(fields[3 + i])
     end
     if versioned then
       format = format .. 'I7I2c0'

@@ -276,11 +276,12 @@ local function run()
 end
 
 -- The fast path: a Consume on one or two greedy bandwidths that start
--- full, on an unversioned config, on a bucket of this config or none. It is run's math for that case alone, on locals instead of the
--- call's tables: the same decisions and the same stored bytes, which the
--- tests that compare the scripts with ratelimit.Apply check along with
--- run's, and TestFastPathMatchesApply on the fast path alone. Anything
--- else (another state, a value that fails run's checks, a decision out of
+-- full, on an unversioned config, on a bucket of this config or none. It
+-- is run's math for that case alone, on locals instead of the call's
+-- tables: the same decisions and the same stored bytes, which the tests
+-- that compare the scripts with ratelimit.Apply check along with run's,
+-- and TestFastPathMatchesApply on the fast path alone. Anything else
+-- (another state, a value that fails run's checks, a decision out of
 -- range) it leaves to run, which decides it or refuses it. It costs the
 -- server about 60% of run's instructions (docs/redis.md). A bandwidth's
 -- math is in functions of its fields, which fast calls once a bandwidth:
@@ -349,13 +350,11 @@ end
 local function fastStateFormat(v, n)
   local format, length = '<BI4I4I7' .. string.rep('x', n), 16 + n
   for i = 1, n do
-    local w = string.byte(v, 16 + i) or 0
-    local w2 = w % 16
-    local w1 = (w - w2) / 16
-    if w1 < 1 or w1 > 7 or w2 < 1 or w2 > 7 then
+    local band, size = bandFormat(string.byte(v, 16 + i) or 0)
+    if not band then
       return nil
     end
-    format, length = format .. PAIRS[w1] .. PAIRS[w2] .. 'Bc0', length + 2 * w1 + 2 * w2 + 1
+    format, length = format .. band, length + size
   end
   return {format, length}
 end
@@ -400,8 +399,9 @@ local function fast(keys, args)
   end
   local level1, stamp1, level2, stamp2 = f1, now, f2, now
   if v then
-    -- A state of n bandwidths with no IDs, whose width bytes make shape,
-    -- is of the length its format says; of that length, it unpacks.
+    -- A state of n bandwidths whose width bytes make shape is of the
+    -- length its format says and the IDs' lengths; of that length, it
+    -- unpacks.
     local shape = string.byte(v, 17) or 0
     if n == 2 then
       shape = shape + 256 * (string.byte(v, 18) or 0)
@@ -487,11 +487,9 @@ local function fast(keys, args)
   end
   local format = fastEncode[shape]
   if not format then
-    local lo1, lo2 = w1 % 16, (w2 or 0) % 16
-    format = '<BI4I4I7B' .. PAIRS[(w1 - lo1) / 16] .. PAIRS[lo1] .. 'Bc0'
+    format = '<BI4I4I7' .. string.rep('B', n) .. bandFormat(w1)
     if n == 2 then
-      format = '<BI4I4I7BB' .. PAIRS[(w1 - lo1) / 16] .. PAIRS[lo1] .. 'Bc0' .. PAIRS[(w2 - lo2) / 16] .. PAIRS[lo2] ..
-        'Bc0'
+      format = format .. bandFormat(w2)
     end
     fastEncode[shape] = format
   end
