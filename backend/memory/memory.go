@@ -1,6 +1,8 @@
 // Package memory is the in-process [ratelimit.Backend]: buckets in a
 // concurrent hash map whose reads take no lock, one lock per bucket, for a
-// single process or as the local fallback of a distributed limiter.
+// single process or as the local fallback of a distributed limiter. A
+// token bucket of one greedy bandwidth that starts full, the common limit,
+// is decided by a Consume without the lock, with one compare-and-swap.
 //
 // A bucket that has refilled equals an absent one (see
 // [ratelimit.State.ExpiresAt]), so it is dropped: at once when a call leaves
@@ -11,8 +13,10 @@
 //
 // A Backend is safe for concurrent use. Calls on different keys never wait
 // for each other; calls on one key take turns on that bucket's lock, which
-// each holds only while it decides. An existing key's decision does not
-// allocate.
+// each holds only while it decides, except the Consumes on a token bucket
+// of one greedy bandwidth that starts full: those meet only on one word,
+// which each updates with a compare-and-swap, and decide as the calls
+// under the lock do. An existing key's decision does not allocate.
 package memory
 
 import (
@@ -58,7 +62,7 @@ var (
 // background sweep with [Backend.Close].
 type Backend struct {
 	// buckets maps each key to its bucket. Its reads take no lock, so
-	// calls on one hot key meet only on that bucket's own lock.
+	// calls on one hot key meet only on that bucket.
 	buckets *xsync.Map[string, *bucket]
 	// shapes are the shapes new buckets took last, for the next ones on
 	// the same configs to share without a lookup table; next is the slot
@@ -84,15 +88,25 @@ type Backend struct {
 	done      chan struct{}
 }
 
-// bucket is one key's bucket, in one 64-byte cache line: its lock, which
-// every decision on it holds, and its state. A hot key's decisions pass
-// that one line between CPUs and no other.
+// bucket is one key's bucket, in one 64-byte cache line: its lock, its
+// word and its state. A hot key's decisions pass that one line between
+// CPUs and no other.
 type bucket struct {
+	// mu is held by every call that decides on the entry, which holds the
+	// state unless the bucket is published.
 	mu sync.Mutex
-	// dead is set, under mu, when the bucket leaves the map: a call that
-	// found it before then looks the key up again.
-	dead bool
+	// word is a published bucket's v (see Published buckets), or
+	// unpublished, held or dead; dead once the bucket has left the map,
+	// when a call that found it before then looks the key up again.
+	word atomic.Int64
 	entry
+}
+
+// newBucket returns an empty bucket, not published.
+func newBucket() *bucket {
+	b := new(bucket)
+	b.word.Store(unpublished)
+	return b
 }
 
 // compactBands is the most bandwidths a compact entry holds.
@@ -125,11 +139,13 @@ type scratch struct {
 	bands [compactBands]ratelimit.BandState
 }
 
-// shape is what a config fixes in a bucket's state: proto. A shape with
-// full set is instead one bucket's whole state. A shared shape is never
-// written once published.
+// shape is what a config fixes in a bucket's state: proto, and the line
+// of the buckets that may be published. A shape with full set is instead
+// one bucket's whole state. A shared shape is never written once
+// published.
 type shape struct {
 	proto scratch
+	line  line
 	full  *ratelimit.State
 }
 
@@ -139,7 +155,8 @@ type shape struct {
 // its own, which stays in its cache.
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
 
-// expires is when the bucket becomes the same as an absent one.
+// expires is when the bucket becomes the same as an absent one. Called by
+// the bucket's owner.
 func (e *entry) expires() int64 {
 	if full := e.shape.full; full != nil {
 		return full.ExpiresAt
@@ -157,22 +174,59 @@ func (e *entry) load(sc *scratch) {
 	sc.st.Bands, sc.st.ExpiresAt = sc.bands[:n], e.expiresAt
 }
 
-// save stores st, which Apply left, in e: compact when it fits, in a shape
-// m's buckets share, else whole.
-func (m *Backend) save(e *entry, st *ratelimit.State) {
-	if !fits(st) {
+// save stores st, which Apply left after a call with cfg, in b, key's
+// bucket, which the caller owns: compact when it fits, in a shape m's
+// buckets share, else whole; and publishes it if it may be. A bucket that
+// has been published keeps its shape: when st needs another, a new bucket
+// takes b's place.
+func (m *Backend) save(key string, b *bucket, st *ratelimit.State, cfg *ratelimit.Config) {
+	sh := b.shape
+	switch {
+	case !fits(st):
 		full := *st
 		full.Bands = slices.Clone(st.Bands)
-		*e = entry{shape: &shape{full: &full}}
+		sh = &shape{full: &full}
+	case sh == nil || !sh.holds(st):
+		sh = m.shapeOf(st, cfg)
+	}
+	if sh != b.shape && b.word.Load() == held {
+		m.replace(key, b, st, sh)
 		return
 	}
-	if e.shape == nil || !e.shape.holds(st) {
-		e.shape = m.shapeOf(st)
+	b.set(st, sh)
+}
+
+// set makes st, of shape sh, b's state, and publishes it if it may be.
+// Called by the owner of b, which has not been published or has shape sh.
+func (b *bucket) set(st *ratelimit.State, sh *shape) {
+	if sh.full != nil {
+		b.entry = entry{shape: sh}
+		return
 	}
-	e.expiresAt = st.ExpiresAt
+	if b.shape != sh { // a published bucket's calls read it without the lock
+		b.shape = sh
+	}
+	b.expiresAt = st.ExpiresAt
 	for i := range st.Bands {
-		e.level[i], e.stamp[i] = st.Bands[i].Level, st.Bands[i].Stamp
+		b.level[i], b.stamp[i] = st.Bands[i].Level, st.Bands[i].Stamp
 	}
+	b.publish()
+}
+
+// replace puts a new bucket holding st, of shape sh, in the map at key in
+// place of b, which the caller owns and which then has left the map. As in
+// create, a replacement racing Close does not stay in the map after it.
+func (m *Backend) replace(key string, b *bucket, st *ratelimit.State, sh *shape) {
+	nb := newBucket()
+	nb.mu.Lock()
+	defer nb.mu.Unlock()
+	m.buckets.Store(key, nb)
+	b.word.Store(dead)
+	if m.closed.Load() {
+		m.drop(key, nb)
+		return
+	}
+	nb.set(st, sh)
 }
 
 // fits reports whether st can be kept compact.
@@ -193,7 +247,7 @@ func fits(st *ratelimit.State) bool {
 func (p *shape) holds(st *ratelimit.State) bool {
 	pr := &p.proto.st
 	if p.full != nil || pr.Fingerprint != st.Fingerprint || pr.Algorithm != st.Algorithm || pr.Version != st.Version ||
-		pr.Config != st.Config || len(pr.Bands) != len(st.Bands) {
+		pr.Config != st.Config || len(pr.Bands) != len(st.Bands) || !p.line.near(st) {
 		return false
 	}
 	for i := range st.Bands {
@@ -205,9 +259,10 @@ func (p *shape) holds(st *ratelimit.State) bool {
 	return true
 }
 
-// shapeOf returns a shape holding st: one of the last ringShapes that m
-// made, or a new one, which replaces the oldest of them.
-func (m *Backend) shapeOf(st *ratelimit.State) *shape {
+// shapeOf returns a shape holding st, which Apply left after a call with
+// cfg: one of the last ringShapes that m made, or a new one, which
+// replaces the oldest of them.
+func (m *Backend) shapeOf(st *ratelimit.State, cfg *ratelimit.Config) *shape {
 	for i := range m.shapes {
 		if p := m.shapes[i].Load(); p != nil && p.adopts(st) {
 			return p
@@ -221,6 +276,7 @@ func (m *Backend) shapeOf(st *ratelimit.State) *shape {
 		p.proto.bands[i].Level, p.proto.bands[i].Stamp = 0, 0
 	}
 	p.proto.st.Bands = p.proto.bands[:len(st.Bands)]
+	p.line = newLine(st, cfg)
 	m.shapes[m.next.Add(1)%ringShapes].Store(p)
 	return p
 }
@@ -343,22 +399,30 @@ func (m *Backend) decide(d *ratelimit.Decision, key string, cfg *ratelimit.Confi
 			}
 			// Another call created the bucket meanwhile: decide on it.
 		}
+		if req.Op == ratelimit.Consume {
+			switch m.decideFast(d, b, cfg, req.Tokens, now) {
+			case decided:
+				return nil
+			case gone:
+				continue
+			}
+		}
 		if m.decideOn(d, key, b, cfg, req, now) {
 			return nil
 		}
-		// b was dropped since the lookup: the key is absent again, or
+		// b left the map since the lookup: the key is absent again, or
 		// another call has made it a new bucket.
 	}
 }
 
-// decideOn decides req on b, which the map held at key, into d, unless b
-// has been dropped since; it reports whether it decided.
+// decideOn decides req on b, which the map held at key, into d, under b's
+// lock, unless b has left the map since; it reports whether it decided.
 func (m *Backend) decideOn(d *ratelimit.Decision, key string, b *bucket, cfg *ratelimit.Config, req *ratelimit.Request, now int64) bool {
 	sc := scratches.Get().(*scratch)
 	defer scratches.Put(sc)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.dead {
+	if !b.own() {
 		return false
 	}
 	m.apply(d, key, b, sc, cfg, req, now)
@@ -366,27 +430,31 @@ func (m *Backend) decideOn(d *ratelimit.Decision, key string, b *bucket, cfg *ra
 }
 
 // apply decides req on b, key's bucket, into d, in sc, and drops b if it
-// is then the same as an absent one. Called with b.mu held and b not
-// dead.
+// is then the same as an absent one. Called by the owner of b.
 func (m *Backend) apply(d *ratelimit.Decision, key string, b *bucket, sc *scratch, cfg *ratelimit.Config, req *ratelimit.Request, now int64) {
-	if full := b.shape.full; full != nil {
-		*d = ratelimit.Apply(full, *cfg, *req, now)
+	st := b.shape.full
+	if st != nil {
+		*d = ratelimit.Apply(st, *cfg, *req, now)
 	} else {
 		b.load(sc)
-		*d = ratelimit.Apply(&sc.st, *cfg, *req, now)
-		m.save(&b.entry, &sc.st)
+		st = &sc.st
+		*d = ratelimit.Apply(st, *cfg, *req, now)
 	}
-	if expires := b.expires(); expires > now {
-		m.lowerExpiryHint(expires)
+	if st.ExpiresAt <= now {
+		m.drop(key, b)
 		return
 	}
-	m.drop(key, b)
+	m.lowerExpiryHint(st.ExpiresAt)
+	if st == &sc.st {
+		m.save(key, b, st, cfg)
+	}
 }
 
-// drop takes b, key's bucket, out of the map. Called with b.mu held and b
-// not dead: while both hold, the map holds b at key, as only drop deletes.
+// drop takes b, key's bucket, out of the map. Called by the owner of b,
+// which holds b.mu: while b is not dead, the map holds it at key, as only
+// drop and replace change a key's bucket, and each under its lock.
 func (m *Backend) drop(key string, b *bucket) {
-	b.dead = true
+	b.word.Store(dead)
 	m.buckets.Delete(key)
 	m.keys.Add(-1)
 }
@@ -415,7 +483,7 @@ func (m *Backend) create(d *ratelimit.Decision, key string, cfg *ratelimit.Confi
 		*d = ratelimit.Decision{}
 		return nil, errNoRoom
 	}
-	nb := new(bucket)
+	nb := newBucket()
 	nb.mu.Lock()
 	defer nb.mu.Unlock()
 	if b, loaded := m.buckets.LoadOrStore(key, nb); loaded {
@@ -428,7 +496,7 @@ func (m *Backend) create(d *ratelimit.Decision, key string, cfg *ratelimit.Confi
 		*d = ratelimit.Decision{}
 		return nil, ErrClosed
 	}
-	m.save(&nb.entry, st)
+	m.save(key, nb, st, cfg)
 	m.lowerExpiryHint(st.ExpiresAt)
 	return nil, nil
 }
@@ -482,11 +550,12 @@ func (m *Backend) sweep(now int64) {
 	m.expiryHint.Store(math.MaxInt64)
 	m.buckets.Range(func(key string, b *bucket) bool {
 		b.mu.Lock()
-		if !b.dead {
+		if b.own() {
 			if expires := b.expires(); expires <= now {
 				m.drop(key, b)
 			} else {
 				m.lowerExpiryHint(expires)
+				b.publish()
 			}
 		}
 		b.mu.Unlock()
@@ -506,7 +575,7 @@ func (m *Backend) Close() error {
 		<-m.done
 		m.buckets.Range(func(key string, b *bucket) bool {
 			b.mu.Lock()
-			if !b.dead {
+			if b.own() {
 				m.drop(key, b)
 			}
 			b.mu.Unlock()
