@@ -34,7 +34,8 @@ const manyKeys = 100_000
 // Names are path=allowed|denied/keys=1|100k/mode=serial|parallel/impl=NAME.
 // mode=parallel runs b.RunParallel with each goroutine starting at a
 // different point of the key list; with keys=1 every goroutine hits the same
-// key (for information: one hot key is one lock in every implementation).
+// key (for information: its state is one lock in x/time/rate, go-limiter and
+// ulule, and a compare-and-swap in throttled and sluice).
 // Each call's outcome is checked, so a peer configured differently fails
 // rather than measuring another path.
 func BenchmarkAllow(b *testing.B) {

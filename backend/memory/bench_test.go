@@ -36,8 +36,8 @@ const manyKeys = 100_000
 // Sub-benchmarks are named path=allowed|denied/keys=1|100k/mode=serial|parallel.
 // mode=parallel runs b.RunParallel with each goroutine starting at a
 // different point of the key list, so with 100k keys goroutines rarely meet
-// on a bucket; with keys=1 every goroutine hits the same bucket and takes
-// its lock in turn.
+// on a bucket; with keys=1 every goroutine hits the same bucket, whose one
+// greedy bandwidth each Consume takes from with a compare-and-swap.
 func BenchmarkMemoryAllow(b *testing.B) {
 	paths := []struct {
 		name  string
