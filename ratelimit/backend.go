@@ -156,6 +156,16 @@ func CheckRequest(key string, cfg Config, req Request) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	return CheckOp(cfg, req)
+}
+
+// CheckOp validates req against cfg: what [CheckRequest] checks once the
+// key and the config have passed. A backend that knows both to be good (a
+// key it holds a bucket for, a config equal to one that passed
+// [Config.Validate]) may call it in place of CheckRequest, to spare the
+// config's checks on every call. The error wraps [ErrInvalidRequest] and
+// names the field.
+func CheckOp(cfg Config, req Request) error {
 	if req.Op <= Inspect && !cfg.Algorithm.Supports(req.Op) {
 		return fmt.Errorf("%w: Op %v is not supported by %v", ErrInvalidRequest, req.Op, cfg.Algorithm)
 	}

@@ -25,7 +25,7 @@ func TestCallRacingClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d ratelimit.Decision
-	err := m.decide(&d, key, &cfg, &ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}, now)
+	err := m.decide(&d, key, nil, &cfg, &ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}, now)
 	if err != ErrClosed || d.Allowed {
 		t.Errorf("the call after Close: %+v, %v; want ErrClosed", d, err)
 	}
@@ -46,7 +46,7 @@ func TestDroppedBucketIsNotDecided(t *testing.T) {
 	const key = "k"
 	now := m.now()
 	var d ratelimit.Decision
-	if err := m.decide(&d, key, &cfg, consume, now); err != nil || !d.Allowed {
+	if err := m.decide(&d, key, nil, &cfg, consume, now); err != nil || !d.Allowed {
 		t.Fatalf("first Consume: %+v, %v", d, err)
 	}
 	// One call has looked the bucket up...
@@ -55,22 +55,26 @@ func TestDroppedBucketIsNotDecided(t *testing.T) {
 		t.Fatal("no bucket after a Consume")
 	}
 	// ...when another fills it again, which drops it.
-	if err := m.decide(&d, key, &cfg, &ratelimit.Request{Op: ratelimit.Add, Tokens: 1}, now); err != nil {
+	if err := m.decide(&d, key, nil, &cfg, &ratelimit.Request{Op: ratelimit.Add, Tokens: 1}, now); err != nil {
 		t.Fatal(err)
 	}
 	if _, held := m.buckets.Load(key); held || m.Len() != 0 {
 		t.Fatalf("a bucket filled again is still held (Len %d)", m.Len())
 	}
-	// The first call goes on: it must not decide on the dropped bucket.
+	// The first call goes on: it must not decide on the dropped bucket,
+	// under its lock or without.
 	d = ratelimit.Decision{}
 	if m.decideOn(&d, key, b, &cfg, consume, now) {
 		t.Fatalf("decided %+v on a dropped bucket", d)
+	}
+	if r := decideFast(&d, b, 1, now); r != gone {
+		t.Fatalf("decideFast on a dropped bucket = %d, want gone", r)
 	}
 	if d != (ratelimit.Decision{}) {
 		t.Fatalf("decision %+v written by a call that did not decide", d)
 	}
 	// Its next lookup finds no bucket and starts a full one.
-	if err := m.decide(&d, key, &cfg, consume, now); err != nil || !d.Allowed || d.Remaining != 2 {
+	if err := m.decide(&d, key, nil, &cfg, consume, now); err != nil || !d.Allowed || d.Remaining != 2 {
 		t.Fatalf("Consume after the drop: %+v, %v; want allowed with 2 left", d, err)
 	}
 }

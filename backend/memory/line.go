@@ -68,6 +68,11 @@ type line struct {
 	rate     int64
 	capacity int64
 	name     string // the Bandwidth of the shape's decisions
+	// band and version are the config the shape was drawn for, which
+	// passed ratelimit.CheckRequest: a call with a config equal to it
+	// needs no other check of its config.
+	band    ratelimit.Bandwidth
+	version uint64
 }
 
 // newLine returns the line of a shape holding st, which Apply left after a
@@ -91,8 +96,15 @@ func newLine(st *ratelimit.State, cfg *ratelimit.Config) line {
 	return line{
 		ok: true, base: bs.Stamp, span: span,
 		full: bs.Capacity * bs.Scale, scale: bs.Scale, rate: bs.Rate, capacity: bs.Capacity,
-		name: c.BandwidthName(0),
+		name: c.BandwidthName(0), band: *b, version: st.Version,
 	}
+}
+
+// serves reports whether a call with cfg may decide on a bucket published
+// on l: cfg is the config l was drawn for.
+func (l *line) serves(cfg *ratelimit.Config) bool {
+	return l.ok && cfg.Algorithm == ratelimit.TokenBucket && cfg.Version == l.version &&
+		len(cfg.Bandwidths) == 1 && cfg.Bandwidths[0] == l.band
 }
 
 // near reports whether a bucket whose state is st, of l's bandwidth, may
@@ -136,22 +148,26 @@ const (
 	gone               // the bucket has left the map: look the key up again
 )
 
-// decideFast decides a Consume of n tokens at now on b without its lock,
-// if b is published and cfg is the config of its shape; see Published
-// buckets.
-func (m *Backend) decideFast(d *ratelimit.Decision, b *bucket, cfg *ratelimit.Config, n, now int64) fastResult {
-	w := b.word.Load()
-	if w <= dead {
-		return unowned(w)
-	}
-	sh := b.shape // stays while b is published, and after
-	l := &sh.line
+// takes reports whether a Consume with cfg may decide on b without its
+// lock: b is published, for cfg.
+func (b *bucket) takes(cfg *ratelimit.Config) bool {
+	return b.word.Load() > dead && b.shape.line.serves(cfg) // the shape stays once published
+}
+
+// decideFast decides a Consume of n tokens at now without the lock on b,
+// which takes the call's config; see Published buckets.
+func decideFast(d *ratelimit.Decision, b *bucket, n, now int64) fastResult {
+	l := &b.shape.line
 	t := now - l.base
-	if cfg.Version != sh.proto.st.Version || abs(t) > l.span || cfg.Fingerprint() != sh.proto.st.Fingerprint {
+	if abs(t) > l.span {
 		return locked
 	}
 	hint, need := b.hint(), n*l.scale
 	for {
+		w := b.word.Load()
+		if w <= dead {
+			return unowned(w)
+		}
 		h := atomic.LoadInt64(hint)
 		s := max(t, h-l.base) // the stamp Apply decides as of
 		level := min(s*l.rate-w, l.full)
@@ -171,9 +187,6 @@ func (m *Backend) decideFast(d *ratelimit.Decision, b *bucket, cfg *ratelimit.Co
 			return decided
 		}
 		// Another call committed first: decide again on what it left.
-		if w = b.word.Load(); w <= dead {
-			return unowned(w)
-		}
 	}
 }
 

@@ -2,8 +2,10 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,11 +19,7 @@ import (
 // with cfg would be decided without the lock.
 func (m *Backend) published(key string, cfg *ratelimit.Config) bool {
 	b, ok := m.buckets.Load(key)
-	if !ok || b.word.Load() <= dead {
-		return false
-	}
-	st := &b.shape.proto.st
-	return st.Fingerprint == cfg.Fingerprint() && st.Version == cfg.Version
+	return ok && b.takes(cfg)
 }
 
 // TestPublishedMatchesApply runs random calls on one key of a Backend and
@@ -140,7 +138,7 @@ func TestPublishedBucketIsReplaced(t *testing.T) {
 			nb == old, old.word.Load(), m.Len())
 	}
 	var d ratelimit.Decision
-	if r := m.decideFast(&d, old, &v2, 1, m.now()); r != gone {
+	if r := decideFast(&d, old, 1, m.now()); r != gone {
 		t.Fatalf("decideFast on the replaced bucket = %d, want gone", r)
 	}
 	if !m.published("k", &v2) {
@@ -276,5 +274,40 @@ func TestUnpublishIsApplyAtHint(t *testing.T) {
 			t.Errorf("hint %+d µs: level %d, stamp %+d, expires %+d; Apply: %d, %+d, %+d", h-start,
 				got.Bands[0].Level, got.Bands[0].Stamp-start, got.ExpiresAt-start, w.Level, w.Stamp-start, want.ExpiresAt-start)
 		}
+	}
+}
+
+// TestBadRequestOnPublishedBucket: a call whose config is the one a
+// published bucket was drawn for skips the config's checks, not the
+// request's: each bad request is refused with the field named, and the
+// bucket is unchanged.
+func TestBadRequestOnPublishedBucket(t *testing.T) {
+	m := New(WithClock(fixedClock{time.Unix(1e9, 0)}), WithSweepInterval(0))
+	defer m.Close()
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(5)}}
+	ctx := context.Background()
+	if _, err := m.Do(ctx, "k", cfg, ratelimit.Request{Op: ratelimit.Consume, Tokens: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if !m.published("k", &cfg) {
+		t.Fatal("the bucket is not published after a Consume")
+	}
+	for _, c := range []struct {
+		req   ratelimit.Request
+		field string
+	}{
+		{ratelimit.Request{Op: ratelimit.Consume, Tokens: 6}, "Tokens"},
+		{ratelimit.Request{Op: ratelimit.Consume, Tokens: 0}, "Tokens"},
+		{ratelimit.Request{Op: ratelimit.Consume, Tokens: 1, MaxWait: -1}, "MaxWait"},
+		{ratelimit.Request{Op: ratelimit.Consume, Tokens: 1, Ago: -time.Second}, "Ago"},
+		{ratelimit.Request{Op: ratelimit.Consume, Tokens: 1, Strategy: 9}, "Strategy"},
+	} {
+		d, err := m.Do(ctx, "k", cfg, c.req)
+		if !errors.Is(err, ratelimit.ErrInvalidRequest) || !strings.Contains(err.Error(), c.field) || d != (ratelimit.Decision{}) {
+			t.Errorf("%+v: %+v, %v; want ErrInvalidRequest naming %s", c.req, d, err, c.field)
+		}
+	}
+	if d, err := m.Do(ctx, "k", cfg, ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}); err != nil || d.Remaining != 2 {
+		t.Fatalf("Consume after the bad requests: %+v, %v; want 2 left", d, err)
 	}
 }

@@ -363,7 +363,16 @@ var errNoRoom = errors.New("memory: no room")
 // a key sliced from a large buffer keeps that buffer alive as long as the
 // bucket, so pass a copy ([strings.Clone]) of such a key.
 func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (d ratelimit.Decision, err error) {
-	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
+	var b *bucket
+	if req.Op == ratelimit.Consume {
+		b, _ = m.buckets.Load(key)
+	}
+	if b != nil && b.takes(&cfg) {
+		err = ratelimit.CheckOp(cfg, req) // a key held and a config its bucket was drawn for are good
+	} else {
+		err = ratelimit.CheckRequest(key, cfg, req)
+	}
+	if err != nil {
 		return d, err
 	}
 	if ctx.Err() != nil {
@@ -377,10 +386,10 @@ func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	if req.Ago > 0 {
 		now = max(0, clock-req.Ago.Microseconds()) // decided as of then
 	}
-	err = m.decide(&d, key, &cfg, &req, now)
+	err = m.decide(&d, key, b, &cfg, &req, now)
 	if err == errNoRoom {
 		m.makeRoom(clock) // what has expired by now, not by then
-		err = m.decide(&d, key, &cfg, &req, now)
+		err = m.decide(&d, key, nil, &cfg, &req, now)
 		if err == errNoRoom {
 			err = fmt.Errorf("%w: key %q is new, and the Backend holds WithMaxKeys(%d) buckets", ErrTooManyKeys, key, m.maxKeys)
 		}
@@ -388,19 +397,22 @@ func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	return d, err
 }
 
-// decide decides req on the bucket at key into d.
-func (m *Backend) decide(d *ratelimit.Decision, key string, cfg *ratelimit.Config, req *ratelimit.Request, now int64) error {
-	for {
-		b, ok := m.buckets.Load(key)
-		if !ok {
-			var err error
-			if b, err = m.create(d, key, cfg, req, now); b == nil {
-				return err
+// decide decides req on the bucket at key into d; b, unless nil, is the
+// bucket a lookup of key found.
+func (m *Backend) decide(d *ratelimit.Decision, key string, b *bucket, cfg *ratelimit.Config, req *ratelimit.Request, now int64) error {
+	for ; ; b = nil {
+		if b == nil {
+			var ok bool
+			if b, ok = m.buckets.Load(key); !ok {
+				var err error
+				if b, err = m.create(d, key, cfg, req, now); b == nil {
+					return err
+				}
+				// Another call created the bucket meanwhile: decide on it.
 			}
-			// Another call created the bucket meanwhile: decide on it.
 		}
-		if req.Op == ratelimit.Consume {
-			switch m.decideFast(d, b, cfg, req.Tokens, now) {
+		if req.Op == ratelimit.Consume && b.takes(cfg) {
+			switch decideFast(d, b, req.Tokens, now) {
 			case decided:
 				return nil
 			case gone:
