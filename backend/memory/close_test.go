@@ -49,10 +49,14 @@ func TestDroppedBucketIsNotDecided(t *testing.T) {
 	if err := m.decide(&d, key, nil, &cfg, consume, now); err != nil || !d.Allowed {
 		t.Fatalf("first Consume: %+v, %v", d, err)
 	}
-	// One call has looked the bucket up...
+	// One call has looked the bucket up, and read its word...
 	b, ok := m.buckets.Load(key)
 	if !ok {
 		t.Fatal("no bucket after a Consume")
+	}
+	l, v := b.publishedFor(&cfg)
+	if l == nil {
+		t.Fatal("the bucket is not published after a Consume")
 	}
 	// ...when another fills it again, which drops it.
 	if err := m.decide(&d, key, nil, &cfg, &ratelimit.Request{Op: ratelimit.Add, Tokens: 1}, now); err != nil {
@@ -67,7 +71,7 @@ func TestDroppedBucketIsNotDecided(t *testing.T) {
 	if m.decideOn(&d, key, b, &cfg, consume, now) {
 		t.Fatalf("decided %+v on a dropped bucket", d)
 	}
-	if r := decideFast(&d, b, 1, now); r != gone {
+	if r := decideFast(&d, b, l, v, 1, now); r != gone {
 		t.Fatalf("decideFast on a dropped bucket = %d, want gone", r)
 	}
 	if d != (ratelimit.Decision{}) {

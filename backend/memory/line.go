@@ -148,26 +148,27 @@ const (
 	gone               // the bucket has left the map: look the key up again
 )
 
-// takes reports whether a Consume with cfg may decide on b without its
-// lock: b is published, for cfg.
-func (b *bucket) takes(cfg *ratelimit.Config) bool {
-	return b.word.Load() > dead && b.shape.line.serves(cfg) // the shape stays once published
+// publishedFor returns, if b is published and cfg is the config its line
+// was drawn for, the line and b's v: a Consume with cfg may decide on b
+// without its lock. Otherwise l is nil.
+func (b *bucket) publishedFor(cfg *ratelimit.Config) (l *line, v int64) {
+	if v = b.word.Load(); v > dead {
+		if l = &b.shape.line; l.serves(cfg) { // the shape stays once published
+			return l, v
+		}
+	}
+	return nil, 0
 }
 
 // decideFast decides a Consume of n tokens at now without the lock on b,
-// which takes the call's config; see Published buckets.
-func decideFast(d *ratelimit.Decision, b *bucket, n, now int64) fastResult {
-	l := &b.shape.line
+// published on l with v read last; see Published buckets.
+func decideFast(d *ratelimit.Decision, b *bucket, l *line, w, n, now int64) fastResult {
 	t := now - l.base
 	if abs(t) > l.span {
 		return locked
 	}
 	hint, need := b.hint(), n*l.scale
 	for {
-		w := b.word.Load()
-		if w <= dead {
-			return unowned(w)
-		}
 		h := atomic.LoadInt64(hint)
 		s := max(t, h-l.base) // the stamp Apply decides as of
 		level := min(s*l.rate-w, l.full)
@@ -187,6 +188,9 @@ func decideFast(d *ratelimit.Decision, b *bucket, n, now int64) fastResult {
 			return decided
 		}
 		// Another call committed first: decide again on what it left.
+		if w = b.word.Load(); w <= dead {
+			return unowned(w)
+		}
 	}
 }
 

@@ -19,7 +19,11 @@ import (
 // with cfg would be decided without the lock.
 func (m *Backend) published(key string, cfg *ratelimit.Config) bool {
 	b, ok := m.buckets.Load(key)
-	return ok && b.takes(cfg)
+	if !ok {
+		return false
+	}
+	l, _ := b.publishedFor(cfg)
+	return l != nil
 }
 
 // TestPublishedMatchesApply runs random calls on one key of a Backend and
@@ -125,7 +129,8 @@ func TestPublishedBucketIsReplaced(t *testing.T) {
 		t.Fatalf("first Consume: %+v, %v; want 2 left", d, err)
 	}
 	old, _ := m.buckets.Load("k")
-	if !m.published("k", &v1) {
+	l, v := old.publishedFor(&v1)
+	if l == nil {
 		t.Fatal("the bucket is not published after a Consume")
 	}
 	// Version 2 keeps the 2 tokens left, as they are.
@@ -138,7 +143,7 @@ func TestPublishedBucketIsReplaced(t *testing.T) {
 			nb == old, old.word.Load(), m.Len())
 	}
 	var d ratelimit.Decision
-	if r := decideFast(&d, old, 1, m.now()); r != gone {
+	if r := decideFast(&d, old, l, v, 1, m.now()); r != gone {
 		t.Fatalf("decideFast on the replaced bucket = %d, want gone", r)
 	}
 	if !m.published("k", &v2) {

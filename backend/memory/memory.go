@@ -363,11 +363,19 @@ var errNoRoom = errors.New("memory: no room")
 // a key sliced from a large buffer keeps that buffer alive as long as the
 // bucket, so pass a copy ([strings.Clone]) of such a key.
 func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (d ratelimit.Decision, err error) {
+	// The clock first, so that a Consume on a published bucket reads the
+	// bucket's word just before it commits: other CPUs' calls take that
+	// cache line away as they commit.
+	clock := m.now()
 	var b *bucket
+	var l *line
+	var v int64
 	if req.Op == ratelimit.Consume {
-		b, _ = m.buckets.Load(key)
+		if b, _ = m.buckets.Load(key); b != nil {
+			l, v = b.publishedFor(&cfg)
+		}
 	}
-	if b != nil && b.takes(&cfg) {
+	if l != nil {
 		err = ratelimit.CheckOp(cfg, req) // a key held and a config its bucket was drawn for are good
 	} else {
 		err = ratelimit.CheckRequest(key, cfg, req)
@@ -381,10 +389,17 @@ func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	if m.closed.Load() {
 		return d, ErrClosed
 	}
-	clock := m.now()
 	now := clock
 	if req.Ago > 0 {
 		now = max(0, clock-req.Ago.Microseconds()) // decided as of then
+	}
+	if l != nil {
+		switch decideFast(&d, b, l, v, req.Tokens, now) {
+		case decided:
+			return d, nil
+		case gone:
+			b = nil
+		}
 	}
 	err = m.decide(&d, key, b, &cfg, &req, now)
 	if err == errNoRoom {
@@ -411,8 +426,8 @@ func (m *Backend) decide(d *ratelimit.Decision, key string, b *bucket, cfg *rate
 				// Another call created the bucket meanwhile: decide on it.
 			}
 		}
-		if req.Op == ratelimit.Consume && b.takes(cfg) {
-			switch decideFast(d, b, req.Tokens, now) {
+		if l, v := b.publishedFor(cfg); l != nil && req.Op == ratelimit.Consume {
+			switch decideFast(d, b, l, v, req.Tokens, now) {
 			case decided:
 				return nil
 			case gone:
