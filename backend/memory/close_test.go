@@ -25,7 +25,7 @@ func TestCallRacingClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d ratelimit.Decision
-	err := m.decide(&d, key, nil, &cfg, &ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}, now)
+	err := m.decide(&d, key, found{}, &cfg, &ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}, now)
 	if err != ErrClosed || d.Allowed {
 		t.Errorf("the call after Close: %+v, %v; want ErrClosed", d, err)
 	}
@@ -46,7 +46,7 @@ func TestDroppedBucketIsNotDecided(t *testing.T) {
 	const key = "k"
 	now := m.now()
 	var d ratelimit.Decision
-	if err := m.decide(&d, key, nil, &cfg, consume, now); err != nil || !d.Allowed {
+	if err := m.decide(&d, key, found{}, &cfg, consume, now); err != nil || !d.Allowed {
 		t.Fatalf("first Consume: %+v, %v", d, err)
 	}
 	// One call has looked the bucket up, and read its word...
@@ -59,7 +59,7 @@ func TestDroppedBucketIsNotDecided(t *testing.T) {
 		t.Fatal("the bucket is not published after a Consume")
 	}
 	// ...when another fills it again, which drops it.
-	if err := m.decide(&d, key, nil, &cfg, &ratelimit.Request{Op: ratelimit.Add, Tokens: 1}, now); err != nil {
+	if err := m.decide(&d, key, found{}, &cfg, &ratelimit.Request{Op: ratelimit.Add, Tokens: 1}, now); err != nil {
 		t.Fatal(err)
 	}
 	if _, held := m.buckets.Load(key); held || m.Len() != 0 {
@@ -78,7 +78,7 @@ func TestDroppedBucketIsNotDecided(t *testing.T) {
 		t.Fatalf("decision %+v written by a call that did not decide", d)
 	}
 	// Its next lookup finds no bucket and starts a full one.
-	if err := m.decide(&d, key, nil, &cfg, consume, now); err != nil || !d.Allowed || d.Remaining != 2 {
+	if err := m.decide(&d, key, found{}, &cfg, consume, now); err != nil || !d.Allowed || d.Remaining != 2 {
 		t.Fatalf("Consume after the drop: %+v, %v; want allowed with 2 left", d, err)
 	}
 }

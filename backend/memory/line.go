@@ -60,14 +60,13 @@ const (
 // numbers, the time base of their lines, and the span of times around it
 // within which a line's products fit.
 type line struct {
-	ok       bool  // the shape's buckets may be published
-	base     int64 // µs, on the backend's clock
-	span     int64 // |t−base| ≤ span keeps (t−base)×rate within lineRange
-	full     int64 // capacity in scaled units
-	scale    int64
-	rate     int64
-	capacity int64
-	name     string // the Bandwidth of the shape's decisions
+	ok    bool  // the shape's buckets may be published
+	base  int64 // µs, on the backend's clock
+	span  int64 // |t−base| ≤ span keeps (t−base)×rate within lineRange
+	full  int64 // capacity in scaled units
+	scale int64
+	rate  int64
+	name  string // the Bandwidth of the shape's decisions
 	// band and version are the config the shape was drawn for, which
 	// passed ratelimit.CheckRequest: a call with a config equal to it
 	// needs no other check of its config.
@@ -95,7 +94,7 @@ func newLine(st *ratelimit.State, cfg *ratelimit.Config) line {
 	}
 	return line{
 		ok: true, base: bs.Stamp, span: span,
-		full: bs.Capacity * bs.Scale, scale: bs.Scale, rate: bs.Rate, capacity: bs.Capacity,
+		full: bs.Capacity * bs.Scale, scale: bs.Scale, rate: bs.Rate,
 		name: c.BandwidthName(0), band: *b, version: st.Version,
 	}
 }
@@ -126,7 +125,7 @@ func (l *line) decision(d *ratelimit.Decision, allowed bool, n, level, off int64
 	remaining := max(0, level) / l.scale // level < full: fewer than capacity
 	*d = ratelimit.Decision{
 		Allowed:     allowed,
-		Limit:       l.capacity,
+		Limit:       l.band.Capacity,
 		Remaining:   remaining,
 		RefillAfter: micros(ceilDiv((remaining+1)*l.scale-level, l.rate) + off),
 		ResetAfter:  micros(ceilDiv(l.full-level, l.rate) + off),

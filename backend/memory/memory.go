@@ -14,7 +14,8 @@
 // A Backend is safe for concurrent use. Calls on different keys never wait
 // for each other; calls on one key take turns on that bucket's lock, which
 // each holds only while it decides, except the Consumes on a token bucket
-// of one greedy bandwidth that starts full: those meet only on one word,
+// of one greedy bandwidth that starts full, with the config the bucket was
+// built for: those meet only on one word,
 // which each updates with a compare-and-swap, and decide as the calls
 // under the lock do. An existing key's decision does not allocate.
 package memory
@@ -393,18 +394,10 @@ func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	if req.Ago > 0 {
 		now = max(0, clock-req.Ago.Microseconds()) // decided as of then
 	}
-	if l != nil {
-		switch decideFast(&d, b, l, v, req.Tokens, now) {
-		case decided:
-			return d, nil
-		case gone:
-			b = nil
-		}
-	}
-	err = m.decide(&d, key, b, &cfg, &req, now)
+	err = m.decide(&d, key, found{b, l, v}, &cfg, &req, now)
 	if err == errNoRoom {
 		m.makeRoom(clock) // what has expired by now, not by then
-		err = m.decide(&d, key, nil, &cfg, &req, now)
+		err = m.decide(&d, key, found{}, &cfg, &req, now)
 		if err == errNoRoom {
 			err = fmt.Errorf("%w: key %q is new, and the Backend holds WithMaxKeys(%d) buckets", ErrTooManyKeys, key, m.maxKeys)
 		}
@@ -412,33 +405,45 @@ func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	return d, err
 }
 
-// decide decides req on the bucket at key into d; b, unless nil, is the
-// bucket a lookup of key found.
-func (m *Backend) decide(d *ratelimit.Decision, key string, b *bucket, cfg *ratelimit.Config, req *ratelimit.Request, now int64) error {
-	for ; ; b = nil {
-		if b == nil {
+// found is what a lookup of a key found: its bucket b, or nil; and for a
+// Consume on b published for the call's config, b's line and v, else a
+// nil l.
+type found struct {
+	b *bucket
+	l *line
+	v int64
+}
+
+// decide decides req on the bucket at key into d, starting from f, what a
+// lookup of key found.
+func (m *Backend) decide(d *ratelimit.Decision, key string, f found, cfg *ratelimit.Config, req *ratelimit.Request, now int64) error {
+	for ; ; f = (found{}) {
+		if f.b == nil {
 			var ok bool
-			if b, ok = m.buckets.Load(key); !ok {
+			if f.b, ok = m.buckets.Load(key); !ok {
 				var err error
-				if b, err = m.create(d, key, cfg, req, now); b == nil {
+				if f.b, err = m.create(d, key, cfg, req, now); f.b == nil {
 					return err
 				}
 				// Another call created the bucket meanwhile: decide on it.
 			}
+			if req.Op == ratelimit.Consume {
+				f.l, f.v = f.b.publishedFor(cfg)
+			}
 		}
-		if l, v := b.publishedFor(cfg); l != nil && req.Op == ratelimit.Consume {
-			switch decideFast(d, b, l, v, req.Tokens, now) {
+		if f.l != nil {
+			switch decideFast(d, f.b, f.l, f.v, req.Tokens, now) {
 			case decided:
 				return nil
 			case gone:
 				continue
 			}
 		}
-		if m.decideOn(d, key, b, cfg, req, now) {
+		if m.decideOn(d, key, f.b, cfg, req, now) {
 			return nil
 		}
-		// b left the map since the lookup: the key is absent again, or
-		// another call has made it a new bucket.
+		// The bucket left the map since the lookup: the key is absent
+		// again, or another call has made it a new bucket.
 	}
 }
 
