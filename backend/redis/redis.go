@@ -168,12 +168,12 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 // scriptClient is the backend's client as [redisscript.Runner] uses it.
 type scriptClient struct{ redis.UniversalClient }
 
-func (c scriptClient) FCall(ctx context.Context, fn, key, arg string) ([]int64, error) {
-	return c.UniversalClient.FCall(ctx, fn, []string{key}, arg).Int64Slice()
+func (c scriptClient) FCall(ctx context.Context, fn, key, arg string) (string, error) {
+	return c.UniversalClient.FCall(ctx, fn, []string{key}, arg).Text()
 }
 
-func (c scriptClient) Eval(ctx context.Context, script int, key, arg string) ([]int64, error) {
-	return scripts[script].Run(ctx, c.UniversalClient, []string{key}, arg).Int64Slice()
+func (c scriptClient) Eval(ctx context.Context, script int, key, arg string) (string, error) {
+	return scripts[script].Run(ctx, c.UniversalClient, []string{key}, arg).Text()
 }
 
 // LoadFunctions loads the library on the master that serves key: for a

@@ -144,12 +144,12 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 // scriptClient is the backend's client as [redisscript.Runner] uses it.
 type scriptClient struct{ rueidis.Client }
 
-func (c scriptClient) FCall(ctx context.Context, fn, key, arg string) ([]int64, error) {
-	return c.Do(ctx, c.B().Fcall().Function(fn).Numkeys(1).Key(key).Arg(arg).Build()).AsIntSlice()
+func (c scriptClient) FCall(ctx context.Context, fn, key, arg string) (string, error) {
+	return c.Do(ctx, c.B().Fcall().Function(fn).Numkeys(1).Key(key).Arg(arg).Build()).ToString()
 }
 
-func (c scriptClient) Eval(ctx context.Context, script int, key, arg string) ([]int64, error) {
-	return scripts[script].Exec(ctx, c.Client, []string{key}, []string{arg}).AsIntSlice()
+func (c scriptClient) Eval(ctx context.Context, script int, key, arg string) (string, error) {
+	return scripts[script].Exec(ctx, c.Client, []string{key}, []string{arg}).ToString()
 }
 
 // LoadFunctions sends FUNCTION LOAD, which names no key, to the slot of

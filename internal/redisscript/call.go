@@ -90,23 +90,33 @@ func NewCall(prefix, key string, cfg ratelimit.Config, req ratelimit.Request, no
 	return Call{Key: Key(prefix, key), Arg: b.String(), Script: scriptFor[cfg.Algorithm], cfg: cfg}
 }
 
-// replyLen is the length of the script's reply: allowed, consumed, limit,
-// remaining, retry after (µs), reset after (µs), refill after (µs), binding
-// bandwidth.
-const replyLen = 8
+// replyLen is the length of the script's reply, one string (see
+// prelude.lua): allowed (a byte, 1 or 0), then consumed, limit,
+// remaining, retry after (µs), reset after (µs) and refill after (µs), as
+// little-endian doubles, then the binding bandwidth's index (a byte).
+const replyLen = 1 + 6*8 + 1
 
 // Decision decodes the script's reply. A reply of the wrong shape is an
 // error wrapping [ratelimit.ErrBackendUnavailable]: it means the server ran
 // some other script under this one's SHA, or a proxy mangled the reply.
-func (c Call) Decision(reply []int64) (ratelimit.Decision, error) {
+func (c Call) Decision(reply string) (ratelimit.Decision, error) {
 	if len(reply) != replyLen {
 		return ratelimit.Decision{}, c.badReply(reply)
 	}
-	allowed, consumed, limit, remaining, retry, reset, refill, binding := reply[0], reply[1], reply[2], reply[3], reply[4], reply[5], reply[6], reply[7]
+	var n [6]int64
+	for i := range n {
+		f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[1+8*i : 9+8*i])))
+		// Every number of a decision is whole and within [0, 2^53]; NaN
+		// fails the comparisons.
+		if !(f >= 0 && f <= maxTokens && f == math.Trunc(f)) {
+			return ratelimit.Decision{}, c.badReply(reply)
+		}
+		n[i] = int64(f)
+	}
+	allowed, binding := reply[0], reply[replyLen-1]
+	consumed, limit, remaining, retry, reset, refill := n[0], n[1], n[2], n[3], n[4], n[5]
 	name := c.cfg.BandwidthName(int(binding))
-	if allowed < 0 || allowed > 1 || consumed < 0 || consumed > maxTokens || limit < 1 || limit > ratelimit.MaxCapacity ||
-		remaining < 0 || remaining > limit || retry < 0 || retry > maxTokens || reset < 0 || reset > maxTokens ||
-		refill < 0 || refill > reset || name == "" {
+	if allowed > 1 || limit < 1 || limit > ratelimit.MaxCapacity || remaining > limit || refill > reset || name == "" {
 		return ratelimit.Decision{}, c.badReply(reply)
 	}
 	return ratelimit.Decision{
@@ -121,8 +131,8 @@ func (c Call) Decision(reply []int64) (ratelimit.Decision, error) {
 	}, nil
 }
 
-func (c Call) badReply(reply []int64) error {
-	return fmt.Errorf("%w: sluice: key %q: the script replied %v, not a decision", ratelimit.ErrBackendUnavailable, c.Key, reply)
+func (c Call) badReply(reply string) error {
+	return fmt.Errorf("%w: sluice: key %q: the script replied %q, not a decision", ratelimit.ErrBackendUnavailable, c.Key, reply)
 }
 
 // Settings are the options both backends take.

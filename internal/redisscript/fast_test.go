@@ -57,7 +57,7 @@ func TestFastPathMatchesApply(t *testing.T) {
 				t.Helper()
 				t.Fatalf("seed %d, step %d on %s:\n%s\nsteps:\n%s", seed, i, describe(cfg), fmt.Sprintf(format, args...), strings.Join(steps, "\n"))
 			}
-			reply, err := fastOnly.Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+			reply, err := fastOnly.Run(ctx, c, []string{call.Key}, call.Arg).Text()
 			if err != nil {
 				fail("the fast path: %v", err)
 			}

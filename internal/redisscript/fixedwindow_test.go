@@ -106,7 +106,7 @@ func TestFixedWindowScriptGarbage(t *testing.T) {
 			t.Helper()
 			t.Fatalf("%s value %x, %+v: %s", kind, v, req, fmt.Sprintf(format, args...))
 		}
-		reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+		reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Text()
 		if err != nil {
 			if msg := err.Error(); kind == fixedForeign || !strings.Contains(msg, "sluice: corrupt state") && !strings.Contains(msg, "sluice did not write") {
 				fail("%v; want a decision, or for a bad value a corrupt-state or foreign-value error", err)
@@ -274,7 +274,7 @@ func TestFixedWindowScriptServerClock(t *testing.T) {
 	run := func(cfg ratelimit.Config, req ratelimit.Request) ratelimit.Decision {
 		t.Helper()
 		call := redisscript.NewCall("", key, cfg, req, redisscript.ServerClock)
-		reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+		reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Text()
 		if err != nil {
 			t.Fatal(err)
 		}

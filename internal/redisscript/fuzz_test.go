@@ -1,6 +1,8 @@
 package redisscript_test
 
 import (
+	"encoding/binary"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -35,26 +37,44 @@ func FuzzKey(f *testing.F) {
 }
 
 // FuzzDecision: any reply decodes to a decision within the config's
-// bounds, or to an error; never a panic.
+// bounds and equal to the numbers packed in it, or to an error; never a
+// panic.
 func FuzzDecision(f *testing.F) {
-	f.Add(int64(1), int64(1), int64(10), int64(9), int64(0), int64(100000), int64(100000), int64(0))
-	f.Add(int64(0), int64(0), int64(10), int64(0), int64(5), int64(5), int64(5), int64(1))
-	f.Add(int64(2), int64(-1), int64(0), int64(11), int64(-5), int64(-5), int64(-5), int64(-1))
-	f.Add(int64(0), int64(0), int64(10), int64(0), int64(1)<<62, int64(1)<<62, int64(1)<<62, int64(1))
-	f.Add(int64(1), int64(1), int64(10), int64(9), int64(0), int64(100), int64(101), int64(0))
+	f.Add(packReply(1, 1, 10, 9, 0, 100000, 100000, 0))
+	f.Add(packReply(0, 0, 10, 0, 5, 5, 5, 1))
+	f.Add(packReply(2, -1, 0, 11, -5, -5, -5, 255))
+	f.Add(packReply(0, 0, 10, 0, 1<<62, 1<<62, 1<<62, 1))
+	f.Add(packReply(1, 1, 10, 9, 0, 100, 101, 0))
+	f.Add(packReply(1, 1.5, 10, 9, math.NaN(), math.Inf(1), 0, 0))
+	f.Add(packReply(1, 1, 10, 9, 0, 100, 100, 0)[:49])
+	f.Add("")
 	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(10), ratelimit.PerHour(100).WithID("hourly")}}
-	f.Fuzz(func(t *testing.T, allowed, consumed, limit, remaining, retry, reset, refill, binding int64) {
+	f.Fuzz(func(t *testing.T, reply string) {
 		call := redisscript.NewCall("", "k", cfg, ratelimit.Request{Tokens: 1}, redisscript.ServerClock)
-		d, err := call.Decision([]int64{allowed, consumed, limit, remaining, retry, reset, refill, binding})
+		d, err := call.Decision(reply)
 		if err != nil {
 			return
 		}
+		if len(reply) != 50 {
+			t.Fatalf("decoded %+v from a reply of %d bytes", d, len(reply))
+		}
+		num := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[1+8*i:]))) }
+		micros := func(i int) time.Duration { return time.Duration(num(i)) * time.Microsecond }
 		if d.Bandwidth != "0" && d.Bandwidth != "hourly" || d.Remaining < 0 || d.Remaining > d.Limit || d.RetryAfter < 0 || d.ResetAfter < 0 ||
-			d.RefillAfter < 0 || d.RefillAfter > d.ResetAfter ||
-			d.RetryAfter != time.Duration(retry)*time.Microsecond || d.ResetAfter != time.Duration(reset)*time.Microsecond ||
-			d.RefillAfter != time.Duration(refill)*time.Microsecond ||
-			d.RetryAfter/time.Microsecond != time.Duration(retry) || d.ResetAfter/time.Microsecond != time.Duration(reset) {
-			t.Fatalf("decoded %+v from a bad reply", d)
+			d.RefillAfter < 0 || d.RefillAfter > d.ResetAfter || d.Allowed != (reply[0] == 1) ||
+			float64(d.Consumed) != num(0) || float64(d.Limit) != num(1) || float64(d.Remaining) != num(2) ||
+			d.RetryAfter != micros(3) || d.ResetAfter != micros(4) || d.RefillAfter != micros(5) ||
+			d.RetryAfter/time.Microsecond != time.Duration(num(3)) || d.ResetAfter/time.Microsecond != time.Duration(num(4)) {
+			t.Fatalf("decoded %+v from a bad reply %q", d, reply)
 		}
 	})
+}
+
+// packReply packs a reply as the scripts do (see prelude.lua).
+func packReply(allowed byte, consumed, limit, remaining, retry, reset, refill float64, binding byte) string {
+	b := []byte{allowed}
+	for _, n := range []float64{consumed, limit, remaining, retry, reset, refill} {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(n))
+	}
+	return string(append(b, binding))
 }

@@ -81,7 +81,7 @@ func gcraRun(t *testing.T, c *redis.Client, key string, cfg ratelimit.Config, re
 	}
 	want := ratelimit.Apply(state, cfg, req, now)
 	call := redisscript.NewCall("", key, cfg, req, now)
-	reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+	reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Text()
 	if err != nil {
 		t.Fatalf("%+v at %d: %v", req, now, err)
 	}
@@ -195,7 +195,7 @@ func TestGCRAScriptGarbageState(t *testing.T) {
 			}
 			c.Set(ctx, call.Key, v, 0)
 		}
-		reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+		reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Text()
 		switch {
 		case err == nil:
 		case other && (strings.Contains(err.Error(), "sluice did not write") || strings.HasPrefix(err.Error(), "WRONGTYPE")):

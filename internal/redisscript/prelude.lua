@@ -21,8 +21,13 @@
 --   d rate, d period (µs), d initial tokens, d aligned start (µs), B ID
 --   length, c ID; then d config version.
 --
--- The reply is {allowed, consumed, limit, remaining, retry after (µs),
--- reset after (µs), refill after (µs), binding bandwidth index (0-based)}.
+-- The reply is one string, packed as REPLY says (call.go's Decision
+-- decodes it): allowed (1 or 0), then consumed, limit, remaining, retry
+-- after (µs), reset after (µs) and refill after (µs) as doubles, then the
+-- binding bandwidth's index (0-based). Redis turns a table a script
+-- returns into its reply at a cost of about a thousand instructions an
+-- element; a string costs a fraction of that, and packing it less than
+-- the table it replaces.
 --
 -- Lua numbers are doubles. Every integer here stays within 2^53, where
 -- doubles are exact (ratelimit.Config.Validate bounds the inputs for that),
@@ -51,6 +56,7 @@ local GREEDY, INTERVAL, ALIGNED = 0, 1, 2
 local CONSUME, ESTIMATE, RESERVE, CONSUME_UP_TO, ADD, RESET, REPLACE, INSPECT = 0, 1, 2, 3, 4, 5, 6, 7
 local RESET_TOKENS, PROPORTIONALLY, ADDITIVE = 1, 2, 3
 local SATURATED = 2 ^ 53
+local REPLY = '<BddddddB'
 local GRACE = 60000 -- ms a key outlives its expiry on a caller's clock
 local MAX_PERIOD = 366 * 24 * 3600 * 1000000 -- ratelimit.MaxRefillPeriod in µs
 
@@ -336,7 +342,7 @@ end
 -- cannot decide: denied for StaleRetry, taking nothing.
 local STALE_RETRY = 1000000
 local function staleDenial()
-  return {0, 0, cfg[8 + CAP], 0, STALE_RETRY, STALE_RETRY, STALE_RETRY, 0}
+  return struct.pack(REPLY, 0, 0, cfg[8 + CAP], 0, STALE_RETRY, STALE_RETRY, STALE_RETRY, 0)
 end
 
 -- validBands reports whether the n bandwidths of c, a config unpacked
@@ -416,7 +422,7 @@ local function decision(allowed, consumed, i, left, retry, reset, refill)
     within(left, limit) and within(retry, SATURATED) and within(reset, SATURATED) and within(refill, reset)) then
     return nil
   end
-  return {allowed, consumed, limit, left, retry, reset, refill, bandOut(i)}
+  return struct.pack(REPLY, allowed, consumed, limit, left, retry, reset, refill, bandOut(i))
 end
 
 -- logMember is the fingerprint member of a sliding log (see slidinglog.lua)
@@ -529,6 +535,13 @@ local function readState()
   return false -- another algorithm's: start afresh
 end
 
+-- lastAt is PXAT's argument for lastSecond, the second setState last set
+-- a key to expire at, as a string: Redis formats a number argument with
+-- snprintf, at a cost of thousands of instructions, and Lua's string.format
+-- of a whole number costs a fraction of that; calls on many keys in one
+-- second share it. A library keeps it from call to call.
+local lastSecond, lastAt
+
 -- setState writes v, a state that expires at expiry, at key k, at time t
 -- on the caller's clock (given) or the server's, where kept is the expiry
 -- of the state read, if this algorithm's state was there; store says how.
@@ -553,7 +566,11 @@ local function setState(k, v, expiry, t, given, kept)
   elseif kept and expiry <= kept + -kept % 1000000 then
     redis.call('SET', k, v, 'KEEPTTL')
   else
-    redis.call('SET', k, v, 'PXAT', (expiry + -expiry % 1000000) / 1000)
+    local s = (expiry + -expiry % 1000000) / 1000000
+    if s ~= lastSecond then
+      lastSecond, lastAt = s, string.format('%d000', s)
+    end
+    redis.call('SET', k, v, 'PXAT', lastAt)
   end
 end
 

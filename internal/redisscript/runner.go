@@ -12,14 +12,14 @@ import (
 type Client interface {
 	// FCall calls the function fn of [Functions] with KEYS[1] key and
 	// ARGV[1] arg, on the master that serves key, and returns its reply.
-	FCall(ctx context.Context, fn, key, arg string) ([]int64, error)
+	FCall(ctx context.Context, fn, key, arg string) (string, error)
 	// LoadFunctions loads [Functions] with FUNCTION LOAD (no REPLACE) on
 	// the master that serves key.
 	LoadFunctions(ctx context.Context, key string) error
 	// Eval runs Scripts[script] with KEYS[1] key and ARGV[1] arg by
 	// EVALSHA, sending it with EVAL when the server answers NOSCRIPT, and
 	// returns its reply.
-	Eval(ctx context.Context, script int, key, arg string) ([]int64, error)
+	Eval(ctx context.Context, script int, key, arg string) (string, error)
 }
 
 // Runner runs a [Call] on a backend's client: as a function of
@@ -52,7 +52,7 @@ func NewRunner(c Client) *Runner {
 
 // Run runs c and returns its reply for [Call.Decision], or the client's
 // error.
-func (r *Runner) Run(ctx context.Context, c Call) ([]int64, error) {
+func (r *Runner) Run(ctx context.Context, c Call) (string, error) {
 	if !r.evalOnly.Load() {
 		reply, err := r.fcall(ctx, c)
 		if !r.refused(err) {
@@ -64,14 +64,14 @@ func (r *Runner) Run(ctx context.Context, c Call) ([]int64, error) {
 
 // fcall sends c by FCALL, loading the library and sending it again if
 // the server lacks it.
-func (r *Runner) fcall(ctx context.Context, c Call) ([]int64, error) {
+func (r *Runner) fcall(ctx context.Context, c Call) (string, error) {
 	fn := Functions.Functions[c.Script]
 	reply, err := r.client.FCall(ctx, fn, c.Key, c.Arg)
 	if err == nil || !functionMissing(err) {
 		return reply, err
 	}
 	if err := r.client.LoadFunctions(ctx, c.Key); err != nil && !libraryExists(err) {
-		return nil, err
+		return "", err
 	}
 	return r.client.FCall(ctx, fn, c.Key, c.Arg)
 }

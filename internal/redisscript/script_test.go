@@ -181,7 +181,7 @@ func matchApply(t *testing.T, c *redis.Client, alg ratelimit.Algorithm, check st
 				t.Helper()
 				t.Fatalf("seed %d, step %d: %+v at %dµs on %s:\n%s\nsteps so far:\n%s", seed, i, s.req, s.now, describe(s.cfg), fmt.Sprintf(format, args...), history(seq[:i+1]))
 			}
-			reply, err := s.run.Int64Slice()
+			reply, err := s.run.Text()
 			if err != nil {
 				fail("script: %v", err)
 			}
@@ -281,7 +281,7 @@ func TestScriptGarbageState(t *testing.T) {
 		key := fmt.Sprintf("garbage:%d", i)
 		call := redisscript.NewCall("", key, cfg, ratelimit.Request{Tokens: 1, Strategy: ratelimit.Inheritance(i % 4)}, 1_700_000_000_000_000)
 		c.Set(ctx, call.Key, v, 0)
-		reply, err := script.Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+		reply, err := script.Run(ctx, c, []string{call.Key}, call.Arg).Text()
 		if err != nil {
 			if !strings.Contains(err.Error(), "sluice: corrupt state") && !strings.Contains(err.Error(), "sluice did not write") {
 				t.Fatalf("value %x: %v; want a corrupt-state or foreign-value error, or a decision", v, err)
@@ -364,7 +364,7 @@ func TestScriptDebtLimit(t *testing.T) {
 			req := ratelimit.Request{Op: ratelimit.Reserve, Tokens: 1, MaxWait: time.Duration(math.MaxInt64)}
 			want := ratelimit.Apply(&state, cfg, req, now)
 			call := redisscript.NewCall("", key, cfg, req, now)
-			reply, err := script.Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+			reply, err := script.Run(ctx, c, []string{call.Key}, call.Arg).Text()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -464,7 +464,7 @@ func TestScriptReadsLegacyState(t *testing.T) {
 		if err := c.Set(ctx, call.Key, legacy, 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+		reply, err := scripts[call.Script].Run(ctx, c, []string{call.Key}, call.Arg).Text()
 		if err != nil {
 			t.Fatalf("case %d: %+v on a legacy value: %v", i, tc.req, err)
 		}

@@ -119,7 +119,7 @@ func logRun(t *testing.T, c *redis.Client, key string, s *ratelimit.State, cfg r
 	ctx := context.Background()
 	want := ratelimit.Apply(s, cfg, req, now)
 	call := redisscript.NewCall("", key, cfg, req, now)
-	reply, err := logScript.Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+	reply, err := logScript.Run(ctx, c, []string{call.Key}, call.Arg).Text()
 	if err != nil {
 		t.Fatalf("%+v at %d: %v", req, now, err)
 	}
@@ -265,7 +265,7 @@ func TestLogScriptOtherValues(t *testing.T) {
 	logRun(t, c, key, &s, cfg, ratelimit.Request{Tokens: 4}, now)
 	// And the token bucket takes the log's key as absent.
 	tbCall = redisscript.NewCall("", key, tb, ratelimit.Request{Tokens: 10}, now)
-	if reply, err := scripts[0].Run(ctx, c, []string{tbCall.Key}, tbCall.Arg).Int64Slice(); err != nil || reply[0] != 1 {
+	if reply, err := scripts[0].Run(ctx, c, []string{tbCall.Key}, tbCall.Arg).Text(); err != nil || reply[0] != 1 {
 		t.Fatalf("token bucket on a log's key: %v, %v; want it allowed, as on a new bucket", reply, err)
 	}
 
@@ -339,7 +339,7 @@ func TestLogScriptGarbage(t *testing.T) {
 		} {
 			call := redisscript.NewCall("", key, cfg, req, now+r.Int64N(150))
 			before := c.ZRangeWithScores(ctx, call.Key, 0, -1).Val()
-			reply, err := logScript.Run(ctx, c, []string{call.Key}, call.Arg).Int64Slice()
+			reply, err := logScript.Run(ctx, c, []string{call.Key}, call.Arg).Text()
 			if err != nil {
 				switch {
 				case strings.Contains(err.Error(), "sluice: corrupt state"):

@@ -282,17 +282,39 @@ end
 -- that compare the scripts with ratelimit.Apply check along with run's,
 -- and TestFastPathMatchesApply on the fast path alone. Anything else
 -- (another state, a value that fails run's checks, a decision out of
--- range) it leaves to run, which decides it or refuses it. It costs the
--- server about 60% of run's instructions (docs/redis.md). A bandwidth's
--- math is in functions of its fields, which fast calls once a bandwidth:
--- a table read costs Lua about as much as a call, and fast would make
--- dozens. The fingerprint is read as two 4-byte numbers, not a string: Lua
--- makes a string at a cost of thousands of instructions.
-local FAST_REQUEST = {'<I4I4BddBdBBBddddddBc0d', '<I4I4BddBdBBBddddddBc0BddddddBc0d'}
+-- range) it leaves to run, which decides it or refuses it.
+--
+-- It is written for the instructions Redis runs (docs/redis.md): a call
+-- of a C function (struct's, string's, redis's) costs about a thousand,
+-- so it makes eight for one bandwidth (unpacking the request, GET, TIME,
+-- unpacking the state's head and its pairs, packing the state, SET, and
+-- packing the reply) and two more for a second; a Lua call costs a few
+-- hundred and a Lua operation about fifty, so a bandwidth's math is in
+-- functions of its fields, called a few times a bandwidth, and the
+-- call's fields are locals, not tables. The fingerprint is read as two
+-- 4-byte numbers, not a string: Lua makes a string at a cost of
+-- thousands of instructions. A state of the request's fingerprint is of
+-- the request's config, IDs included, so only its length, not its IDs,
+-- is compared.
+local FAST_REQUEST, FAST_BAND = '<I4I4BddBdBBBddddddBc0d', '<BddddddBc0d'
 local FAST_LENGTH = {36 + 50 + 8, 36 + 2 * 50 + 8} -- by bandwidth count, IDs aside
--- The struct formats the fast path keeps, by the width bytes of the
--- states it decodes and encodes (at most 49 + 49² each).
-local fastDecode, fastEncode = {}, {}
+-- A state's head as the fast path reads it: format byte, fingerprint,
+-- expiry and width bytes, by bandwidth count.
+local FAST_HEAD = {'<BI4I4I7B', '<BI4I4I7BB'}
+-- fastPairs[w] is the struct format of a bandwidth's two pairs whose
+-- width byte is w and their length in bytes: {format, length}; nil for a
+-- width byte no state has. fastEncode[shape] is the format of a state of
+-- one or two bandwidths whose width bytes make shape (the first's, plus
+-- 256 times the second's), built when first met (at most 49 + 49²).
+local fastPairs, fastEncode = {}, {}
+for w1 = 1, 7 do
+  for w2 = 1, 7 do
+    fastPairs[16 * w1 + w2] = {'<' .. PAIRS[w1] .. PAIRS[w2], 2 * w1 + 2 * w2}
+  end
+end
+-- The C functions the fast path calls, fetched on its first call: a
+-- library's top level runs without the standard library.
+local unpackFast, packFast
 
 -- fastTimeTo is timeTo for the fast path: the µs until a greedy bandwidth
 -- of rate whose stamp is ahead µs after now gains short scaled units.
@@ -309,7 +331,8 @@ end
 
 -- fastRefill returns a greedy bandwidth of f scaled units full and rate,
 -- at level and stamp, brought up to now: its level and stamp, and the µs
--- until it holds need scaled units.
+-- until it holds need scaled units (found without a call when it holds
+-- them already, as a Consume that is allowed does).
 local function fastRefill(f, rate, level, stamp, need, now)
   local elapsed = now - stamp
   if elapsed > 0 then
@@ -322,7 +345,11 @@ local function fastRefill(f, rate, level, stamp, need, now)
     end
     stamp = now
   end
-  return level, stamp, fastTimeTo(need - level, rate, stamp - now)
+  local short = need - level
+  if short <= 0 then
+    return level, stamp, 0
+  end
+  return level, stamp, fastTimeTo(short, rate, stamp - now)
 end
 
 -- fastSettle returns the whole tokens a greedy bandwidth at level and
@@ -336,59 +363,45 @@ local function fastSettle(cap, scale, rate, level, stamp, now)
 end
 
 -- fastWidth is the width byte of a bandwidth's stored pairs, (cap, level)
--- and (scale, back); nil if they do not fit or are not whole.
+-- and (scale, back); nil if they do not fit.
 local function fastWidth(cap, level, scale, back)
   local w1, w2 = width(cap, level), width(scale, back)
-  if w1 > 7 or w2 > 7 or level % 1 ~= 0 or back % 1 ~= 0 then
+  if w1 > 7 or w2 > 7 then
     return nil
   end
   return 16 * w1 + w2
 end
 
--- fastStateFormat is the struct format of v, a state of n bandwidths, and
--- its length in bytes, IDs aside; nil for width bytes no state has.
-local function fastStateFormat(v, n)
-  local format, length = '<BI4I4I7' .. string.rep('x', n), 16 + n
-  for i = 1, n do
-    local band, size = bandFormat(string.byte(v, 16 + i) or 0)
-    if not band then
-      return nil
-    end
-    format, length = format .. band, length + size
-  end
-  return {format, length}
-end
-
 local function fast(keys, args)
   local a = args[1]
-  local n = string.byte(a, 35)
-  if n ~= 1 and n ~= 2 then
-    return nil
+  if not unpackFast then
+    unpackFast, packFast = struct.unpack, struct.pack
   end
   -- Bandwidth i's capacity, scale, rate, initial tokens, refill kind and
-  -- ID are cap<i>, scale<i>, rate<i>, init<i>, kind<i> and id<i>.
-  local fp1, fp2, o, t, now, alg, version, _
-  local cap1, scale1, rate1, init1, kind1, id1, cap2, scale2, rate2, init2, kind2, id2
-  if n == 1 then
-    fp1, fp2, o, t, _, _, now, _, alg, kind1, cap1, scale1, rate1, _, init1, _, id1, version =
-      struct.unpack(FAST_REQUEST[1], a)
-  else
-    fp1, fp2, o, t, _, _, now, _, alg, kind1, cap1, scale1, rate1, _, init1, _, id1, kind2, cap2, scale2, rate2, _,
-      init2, _, id2, version = struct.unpack(FAST_REQUEST[2], a)
+  -- ID are cap<i>, scale<i>, rate<i>, init<i>, kind<i> and id<i>. Every
+  -- request holds a bandwidth and 8 bytes after it: the version, or the
+  -- second bandwidth's first, whose fields the second unpack then reads
+  -- from there (at rest, 8 bytes before).
+  local fp1, fp2, o, t, _, _, now, n, alg, kind1, cap1, scale1, rate1, _, init1, _, id1, version, rest =
+    unpackFast(FAST_REQUEST, a)
+  local cap2, scale2, rate2, init2, kind2, id2
+  if n == 2 then
+    kind2, cap2, scale2, rate2, _, init2, _, id2, version = unpackFast(FAST_BAND, a, rest - 8)
     if kind2 ~= GREEDY or init2 ~= cap2 then
       return nil
     end
-  end
-  local ids = #id1 + #(id2 or '')
-  if #a ~= FAST_LENGTH[n] + ids then
+  elseif n ~= 1 then
     return nil
   end
-  if o ~= CONSUME or alg ~= 0 or version ~= 0 or kind1 ~= GREEDY or init1 ~= cap1 then
+  if #a ~= FAST_LENGTH[n] + #id1 + #(id2 or '') or o ~= CONSUME or alg ~= 0 or version ~= 0 or kind1 ~= GREEDY or
+    init1 ~= cap1 then
     return nil
   end
   local k = keys[1]
+  -- GET's reply: the state, false for none, or an error table (the key
+  -- holds another type), whose err field a string lacks.
   local v = redis.pcall('GET', k)
-  if type(v) == 'table' then
+  if v and v.err then
     return nil
   end
   local given, kept
@@ -399,32 +412,40 @@ local function fast(keys, args)
   end
   local level1, stamp1, level2, stamp2 = f1, now, f2, now
   if v then
-    -- A state of n bandwidths whose width bytes make shape is of the
-    -- length its format says and the IDs' lengths; of that length, it
-    -- unpacks.
-    local shape = string.byte(v, 17) or 0
-    if n == 2 then
-      shape = shape + 256 * (string.byte(v, 18) or 0)
+    -- A state of this config: its head, then each bandwidth's pairs, in
+    -- the widths its width bytes say, its ID's length and its ID, of
+    -- the request's length (the fingerprint covers the IDs). Of that
+    -- length, every unpack reads within it.
+    if #v < 17 + n then
+      return nil
     end
-    local format = fastDecode[shape]
-    if not format then
-      format = fastStateFormat(v, n)
-      if not format then
+    -- (For one bandwidth, w2 is unpack's next position.)
+    local head, h1, h2, exp, w1, w2 = unpackFast(FAST_HEAD[n], v)
+    local p1, p2 = fastPairs[w1], nil
+    if head ~= TOKEN_BUCKET_FORMAT + n - 1 or h1 ~= fp1 or h2 ~= fp2 or not p1 then
+      return nil
+    end
+    local size = 17 + n + p1[2] + #id1
+    if n == 2 then
+      p2 = fastPairs[w2]
+      if not p2 then
         return nil
       end
-      fastDecode[shape] = format
+      size = size + p2[2] + 1 + #id2
     end
-    if #v ~= format[2] + ids then
+    if #v ~= size then
       return nil
     end
-    -- An ID's length byte may say more than the value holds: pcall.
-    local ok, head, h1, h2, exp, c1, l1, sc1, b1, s1, c2, l2, sc2, b2, s2 = pcall(struct.unpack, format[1], v)
-    if not ok or head ~= TOKEN_BUCKET_FORMAT + n - 1 or h1 ~= fp1 or h2 ~= fp2 or s1 ~= id1 or c1 ~= cap1 or
-      sc1 ~= scale1 or f1 > MAX_SCALED or l1 > f1 or l1 < -MAX_SCALED then
+    local c1, l1, sc1, b1 = unpackFast(p1[1], v, 17 + n)
+    if c1 ~= cap1 or sc1 ~= scale1 or l1 > f1 or l1 < -MAX_SCALED then
       return nil
     end
-    if n == 2 and (s2 ~= id2 or c2 ~= cap2 or sc2 ~= scale2 or f2 > MAX_SCALED or l2 > f2 or l2 < -MAX_SCALED) then
-      return nil
+    local c2, l2, sc2, b2
+    if n == 2 then
+      c2, l2, sc2, b2 = unpackFast(p2[1], v, 20 + p1[2] + #id1)
+      if c2 ~= cap2 or sc2 ~= scale2 or l2 > f2 or l2 < -MAX_SCALED then
+        return nil
+      end
     end
     kept = exp
     if now < exp then
@@ -494,11 +515,11 @@ local function fast(keys, args)
     fastEncode[shape] = format
   end
   if n == 1 then
-    v = struct.pack(format, TOKEN_BUCKET_FORMAT, fp1, fp2, expiry, w1, cap1, level1, scale1, expiry - stamp1, #id1, id1)
+    v = packFast(format, TOKEN_BUCKET_FORMAT, fp1, fp2, expiry, w1, cap1, level1, scale1, expiry - stamp1, #id1, id1)
   else
-    v = struct.pack(format, TOKEN_BUCKET_FORMAT + 1, fp1, fp2, expiry, w1, w2, cap1, level1, scale1, expiry - stamp1,
+    v = packFast(format, TOKEN_BUCKET_FORMAT + 1, fp1, fp2, expiry, w1, w2, cap1, level1, scale1, expiry - stamp1,
       #id1, id1, cap2, level2, scale2, expiry - stamp2, #id2, id2)
   end
   setState(k, v, expiry, now, given, kept)
-  return {allowed, consumed, cap, left, wait, reset, refill, binding - 1}
+  return packFast(REPLY, allowed, consumed, cap, left, wait, reset, refill, binding - 1)
 end

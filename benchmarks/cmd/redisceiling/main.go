@@ -330,11 +330,28 @@ func drive(c net.Conn, calls [][]byte, next, depth int, deadline time.Time) (int
 	return n, nil
 }
 
-// readAllowed reads one reply of either script, an array whose first
-// element is the integer 1 for an allowed decision, and checks it.
+// readAllowed reads one reply of either limiter and checks that it is an
+// allowed decision: sluice's, a bulk string whose first byte is 1 (see
+// internal/redisscript's Call.Decision); redis_rate's, an array whose first
+// element is the integer 1.
 func readAllowed(r *bufio.Reader) error {
 	line, err := readLine(r)
 	if err != nil {
+		return err
+	}
+	if line[0] == '$' {
+		size, err := strconv.Atoi(line[1:])
+		if err != nil || size < 1 {
+			return fmt.Errorf("reply %q: want a decision", line)
+		}
+		b, err := r.Peek(size + 2)
+		if err != nil {
+			return err
+		}
+		if b[0] != 1 || string(b[size:]) != "\r\n" {
+			return fmt.Errorf("reply %q: want an allowed decision", b)
+		}
+		_, err = r.Discard(size + 2)
 		return err
 	}
 	if line[0] != '*' {
