@@ -84,9 +84,13 @@ func TestLowLatency(t *testing.T) {
 	}
 }
 
-// lowLatencyKinds are the clients the integration tests build.
+// lowLatencyKinds are the clients the integration tests build. "Client"
+// sends a lone call on a connection of its own, as the backend does when
+// no other call is out; "Pipelined" sends every call through the client's
+// autopipeliner, as it does when others are.
 var lowLatencyKinds = []redistest.LowLatencyKind{
 	{Name: "Client", Topology: redistest.Standalone},
+	{Name: "Pipelined", Topology: redistest.Standalone},
 	{Name: "Failover", Topology: redistest.Sentinel},
 	{Name: "Cluster", Topology: redistest.Cluster},
 }
@@ -98,7 +102,7 @@ func lowLatencyBackend(t *testing.T, kind string, s redistest.Servers) ratelimit
 	t.Helper()
 	var c redis.UniversalClient
 	switch kind {
-	case "Client":
+	case "Client", "Pipelined":
 		o := &redis.Options{Addr: s.Addrs[0]}
 		redisbackend.LowLatency(o)
 		c = redis.NewClient(o)
@@ -117,6 +121,9 @@ func lowLatencyBackend(t *testing.T, kind string, s redistest.Servers) ratelimit
 	b, err := redisbackend.New(c)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if kind == "Pipelined" {
+		redisbackend.AlwaysPipeline(b)
 	}
 	return b
 }
