@@ -29,7 +29,8 @@
 // # Pipelining
 //
 // A decision made while no other is out goes on a connection of its own,
-// as any go-redis command does. One made while others are out goes
+// as any go-redis command does. One made while others are out (an FCALL;
+// the scripts a server without Redis Functions runs go on their own) goes
 // through the client's deferred autopipeliner (go-redis's
 // AsyncAutoPipeline, which the client owns and its Close stops): it sends
 // the calls of many goroutines in one write on one connection and reads

@@ -437,13 +437,13 @@ local function fast(keys, args)
       return nil
     end
     local c1, l1, sc1, b1 = unpackFast(p1[1], v, 17 + n)
-    if c1 ~= cap1 or sc1 ~= scale1 or l1 > f1 or l1 < -MAX_SCALED then
+    if c1 ~= cap1 or sc1 ~= scale1 or f1 > MAX_SCALED or l1 > f1 or l1 < -MAX_SCALED then
       return nil
     end
     local c2, l2, sc2, b2
     if n == 2 then
       c2, l2, sc2, b2 = unpackFast(p2[1], v, 20 + p1[2] + #id1)
-      if c2 ~= cap2 or sc2 ~= scale2 or l2 > f2 or l2 < -MAX_SCALED then
+      if c2 ~= cap2 or sc2 ~= scale2 or f2 > MAX_SCALED or l2 > f2 or l2 < -MAX_SCALED then
         return nil
       end
     end
