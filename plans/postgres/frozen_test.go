@@ -5,6 +5,7 @@ package postgres
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -151,16 +152,38 @@ func signal(t testing.TB, pid int, sig syscall.Signal) {
 }
 
 // readsStore counts the reads in flight of the Store it wraps, so that a
-// test can wait for the last to end.
+// test can wait for the last to end (close). A read the cache started just
+// before close may not have reached Lookup yet: once closed, Lookup
+// refuses it without asking the store, so that no read reaches the
+// database after close, and none is counted while close waits.
 type readsStore struct {
 	plans.Store
-	wg sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup // one per read in flight; Add only under mu, before closed
 }
 
+// errReadsClosed is what Lookup returns once the store is closed.
+var errReadsClosed = errors.New("readsStore: closed")
+
 func (s *readsStore) Lookup(ctx context.Context, subject string) (plans.Assignment, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return plans.Assignment{}, errReadsClosed
+	}
 	s.wg.Add(1)
+	s.mu.Unlock()
 	defer s.wg.Done()
 	return s.Store.Lookup(ctx, subject)
+}
+
+// close refuses reads from now on and waits for those in flight to end.
+func (s *readsStore) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.wg.Wait()
 }
 
 // frozenFixture is a plan cache in front of a store on a cluster of the
@@ -199,10 +222,10 @@ func newFrozenFixture(t testing.TB, opts ...plans.CacheOption) *frozenFixture {
 	return f
 }
 
-// end thaws the cluster and waits for the cache's reads to end.
+// end thaws the cluster and waits for the cache's reads of it to end.
 func (f *frozenFixture) end() {
 	f.thaw()
-	f.store.wg.Wait()
+	f.store.close()
 }
 
 // waitCapacity waits until c serves subject a plan of capacity want.
