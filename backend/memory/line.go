@@ -106,6 +106,16 @@ func (l *line) serves(cfg *ratelimit.Config) bool {
 		len(cfg.Bandwidths) == 1 && cfg.Bandwidths[0] == l.band
 }
 
+// takes reports whether req is a plain Consume that [ratelimit.CheckOp]
+// passes with a config l serves: of 1 to the bandwidth's capacity in
+// tokens, no Ago, a known Strategy and no negative MaxWait. It only spares
+// the common call CheckOp's call; a request it does not take is checked in
+// full (FuzzTakesImpliesCheckOp holds it to CheckOp).
+func (l *line) takes(req *ratelimit.Request) bool {
+	return req.Op == ratelimit.Consume && req.Ago == 0 && req.Strategy <= ratelimit.Additive &&
+		req.MaxWait >= 0 && req.Tokens >= 1 && req.Tokens <= l.band.Capacity
+}
+
 // near reports whether a bucket whose state is st, of l's bandwidth, may
 // take a shape of line l: stamped within half its span of the base, so
 // that it stays published a while.

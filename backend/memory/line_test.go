@@ -316,3 +316,35 @@ func TestBadRequestOnPublishedBucket(t *testing.T) {
 		t.Fatalf("Consume after the bad requests: %+v, %v; want 2 left", d, err)
 	}
 }
+
+// FuzzTakesImpliesCheckOp: a request that a line takes without
+// ratelimit.CheckOp is one CheckOp passes with the line's config. The
+// seeds hold a request each check of takes refuses.
+func FuzzTakesImpliesCheckOp(f *testing.F) {
+	f.Add(int64(5), uint8(ratelimit.Consume), int64(1), int64(0), uint8(ratelimit.AsIs), int64(0))
+	f.Add(int64(5), uint8(ratelimit.Consume), int64(6), int64(0), uint8(ratelimit.AsIs), int64(0))
+	f.Add(int64(5), uint8(ratelimit.Consume), int64(0), int64(0), uint8(ratelimit.AsIs), int64(0))
+	f.Add(int64(5), uint8(ratelimit.Consume), int64(1), int64(-1), uint8(ratelimit.AsIs), int64(0))
+	f.Add(int64(5), uint8(ratelimit.Consume), int64(1), int64(0), uint8(9), int64(0))
+	f.Add(int64(5), uint8(ratelimit.Consume), int64(1), int64(0), uint8(ratelimit.AsIs), int64(-1))
+	f.Add(int64(5), uint8(ratelimit.Consume), int64(1), int64(0), uint8(ratelimit.AsIs), int64(ratelimit.MaxAgo+1))
+	f.Add(int64(5), uint8(ratelimit.Reset), int64(1), int64(0), uint8(ratelimit.AsIs), int64(0))
+	f.Add(int64(5), uint8(200), int64(1), int64(0), uint8(ratelimit.AsIs), int64(0))
+	f.Fuzz(func(t *testing.T, capacity int64, op uint8, tokens, maxWait int64, strategy uint8, ago int64) {
+		cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(capacity)}}
+		if cfg.Validate() != nil {
+			return
+		}
+		l := line{ok: true, band: cfg.Bandwidths[0]}
+		req := ratelimit.Request{
+			Op: ratelimit.Op(op), Tokens: tokens, MaxWait: time.Duration(maxWait),
+			Strategy: ratelimit.Inheritance(strategy), Ago: time.Duration(ago),
+		}
+		if !l.serves(&cfg) {
+			t.Fatalf("the line drawn for %+v does not serve it", cfg)
+		}
+		if err := ratelimit.CheckOp(cfg, req); l.takes(&req) && err != nil {
+			t.Fatalf("takes %+v, which CheckOp refuses with %+v: %v", req, cfg, err)
+		}
+	})
+}

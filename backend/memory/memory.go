@@ -376,9 +376,12 @@ func (m *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 			l, v = b.publishedFor(&cfg)
 		}
 	}
-	if l != nil {
+	switch {
+	case l != nil && l.takes(&req):
+		// A plain Consume with the config the bucket was drawn for.
+	case l != nil:
 		err = ratelimit.CheckOp(cfg, req) // a key held and a config its bucket was drawn for are good
-	} else {
+	default:
 		err = ratelimit.CheckRequest(key, cfg, req)
 	}
 	if err != nil {
