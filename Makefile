@@ -21,7 +21,7 @@ export GOWORK := off
 FUZZTIME ?= 30s
 # The packages whose Fuzz targets `make fuzz` runs; a directory with a
 # go.mod of its own (otel, cmd/sluice-demo) is fuzzed from inside it.
-FUZZPKGS ?= ./ratelimit ./backend/memory ./internal/redisscript ./internal/redistest ./sharding ./plans ./plans/postgres ./httplimit ./otel ./cmd/sluice-demo
+FUZZPKGS ?= ./ratelimit ./backend/memory ./internal/redisscript ./internal/test/redistest ./sharding ./plans ./plans/postgres ./httplimit ./otel ./cmd/sluice-demo
 # staticcheck, pinned so that a new release cannot fail CI overnight; bump it
 # on purpose (it must understand the Go toolchain in use). Release 2026.2.2
 # is module version v0.8.2: the module proxy knows only the latter.
@@ -62,7 +62,7 @@ test-integration: ## tests whose names contain Integration, with -race
 
 .PHONY: test-distributed
 test-distributed: ## separate processes on one bucket through real Redis: exact counts, porcupine, faults (-v: the counts; see docs/correctness.md)
-	$(GO) test -race -count=1 -v ./internal/distributed/
+	$(GO) test -race -count=1 -v ./internal/test/distributed/
 
 .PHONY: bench
 bench: ## sluice vs its peers, six interleaved rounds, benchstat tables in bench/benchstat.txt (about 20 min)
@@ -114,7 +114,7 @@ $(GOBIN)/staticcheck:
 	$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: fuzz
-fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./backend/memory ./internal/redisscript ./internal/redistest ./sharding ./plans ./plans/postgres ./httplimit ./otel ./cmd/sluice-demo) for FUZZTIME (30s)
+fuzz: ## run each Fuzz target in FUZZPKGS (./ratelimit ./backend/memory ./internal/redisscript ./internal/test/redistest ./sharding ./plans ./plans/postgres ./httplimit ./otel ./cmd/sluice-demo) for FUZZTIME (30s)
 	for pkg in $(FUZZPKGS); do \
 	  dir=.; target=$$pkg; \
 	  if [ -f "$$pkg/go.mod" ]; then dir=$$pkg; target=.; fi; \

@@ -8,7 +8,7 @@ import (
 	"github.com/redis/rueidis"
 
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -45,7 +45,7 @@ const algorithmGoroutines = 64
 // window: a run of N decisions leaves about N/10k in each, so its cost is
 // that of a log that long (a few dozen entries at -benchtime 2s).
 func BenchmarkAlgorithms(b *testing.B) {
-	addr, external := testkit.StandaloneAddr(b)
+	addr, external := servers.StandaloneAddr(b)
 	// redis_rate's client has a connection for each goroutine, as in
 	// BenchmarkRedis.
 	rdb := redis.NewClient(goredisOptions(addr, algorithmGoroutines))

@@ -30,7 +30,7 @@
 //     bucket key.
 //
 // Without $SLUICE_REDIS_ADDR the Redis benchmarks start a redis-server of
-// their own (internal/testkit), so
+// their own (internal/test/servers), so
 //
 //	go test -run='^$' -bench='BenchmarkRedis/keys=10k' .
 //

@@ -1,6 +1,6 @@
 #!/bin/sh
 # hotkey.sh measures one hot key on a 3-master Redis Cluster, unsplit and
-# split by the sharding package (internal/distributed's BenchmarkHotKey),
+# split by the sharding package (internal/test/distributed's BenchmarkHotKey),
 # and what the decorator costs a key it passes through (sharding's
 # BenchmarkPassThrough, on the memory backend): six rounds of each, with
 # benchstat tables of decisions/s, p99, server CPU per decision, ns/op and
@@ -35,7 +35,7 @@ mkdir -p "$out"
 	git status --porcelain 2>/dev/null || true
 } >"$out/env.txt"
 
-go test -run '^$' -bench HotKey -benchtime 20000x -count "$count" ./internal/distributed | tee "$out/hotkey.txt"
+go test -run '^$' -bench HotKey -benchtime 20000x -count "$count" ./internal/test/distributed | tee "$out/hotkey.txt"
 go test -run '^$' -bench PassThrough -count "$count" ./sharding | tee "$out/passthrough.txt"
 
 # The version run.sh pins.

@@ -18,7 +18,7 @@ import (
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
 	"github.com/sluicehq/sluice/internal/redisscript"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -93,7 +93,7 @@ var redisLimit = limit{Burst: RedisBurst, Refill: 1, Period: RedisRefillPeriod}
 // peers.sh set it, so that every round and the ceilings use one server),
 // and otherwise a redis-server this benchmark starts and kills.
 func BenchmarkRedis(b *testing.B) {
-	addr, external := testkit.StandaloneAddr(b)
+	addr, external := servers.StandaloneAddr(b)
 	// rdb reads INFO cpu and deletes the keys; the limiters have clients
 	// of their own.
 	rdb := redis.NewClient(goredisOptions(addr, 1))

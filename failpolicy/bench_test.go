@@ -12,7 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/failpolicy"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -43,7 +43,7 @@ func BenchmarkHealthy(b *testing.B) {
 			return m
 		}},
 		{"rueidis", func(b *testing.B) ratelimit.Backend {
-			return adapters[1].connect(b, testkit.StartRedis(b).Addr()) // rueidis, set up by LowLatency
+			return adapters[1].connect(b, servers.StartRedis(b).Addr()) // rueidis, set up by LowLatency
 		}},
 	}
 	for _, s := range stores {

@@ -16,7 +16,7 @@ import (
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
 	"github.com/sluicehq/sluice/failpolicy"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -62,10 +62,10 @@ var adapters = []struct {
 // faults stop a server and bring it back.
 var faults = []struct {
 	name          string
-	stop, restart func(r *testkit.Redis, t testing.TB)
+	stop, restart func(r *servers.Redis, t testing.TB)
 }{
-	{"Paused", (*testkit.Redis).Pause, (*testkit.Redis).Resume},
-	{"Killed", (*testkit.Redis).Kill, (*testkit.Redis).Restart},
+	{"Paused", (*servers.Redis).Pause, (*servers.Redis).Resume},
+	{"Killed", (*servers.Redis).Kill, (*servers.Redis).Restart},
 }
 
 const (
@@ -99,7 +99,7 @@ func TestStallIntegration(t *testing.T) {
 			for _, mode := range []failpolicy.Mode{failpolicy.Open, failpolicy.Closed, failpolicy.Local} {
 				t.Run(fmt.Sprintf("%s/%s/%v", a.name, f.name, mode), func(t *testing.T) {
 					t.Parallel()
-					server := testkit.StartRedis(t)
+					server := servers.StartRedis(t)
 					store := a.connect(t, server.Addr())
 					cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(1e6)}}
 					key := "stall:" + t.Name()
@@ -336,7 +336,7 @@ func TestLocalShareIntegration(t *testing.T) {
 	for _, a := range adapters {
 		t.Run(a.name, func(t *testing.T) {
 			t.Parallel()
-			server := testkit.StartRedis(t)
+			server := servers.StartRedis(t)
 			policy := newPolicy(t, a.connect(t, server.Addr()), failpolicy.Local, failpolicy.WithInstances(4))
 			cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(1).WithBurst(100)}}
 			server.Kill(t)
@@ -371,7 +371,7 @@ func TestImpatientCallersIntegration(t *testing.T) {
 		for _, mode := range []failpolicy.Mode{failpolicy.Open, failpolicy.Closed} {
 			t.Run(a.name+"/"+mode.String(), func(t *testing.T) {
 				t.Parallel()
-				server := testkit.StartRedis(t)
+				server := servers.StartRedis(t)
 				store := a.connect(t, server.Addr())
 				warm(t, store, "warm", perMinute)
 				var log hookLog
@@ -434,7 +434,7 @@ func TestKeyRejectedIntegration(t *testing.T) {
 	for _, a := range adapters {
 		t.Run(a.name, func(t *testing.T) {
 			t.Parallel()
-			server := testkit.StartRedis(t)
+			server := servers.StartRedis(t)
 			store := a.connect(t, server.Addr())
 			raw := redis.NewClient(&redis.Options{Addr: server.Addr()})
 			defer raw.Close()

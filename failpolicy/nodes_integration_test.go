@@ -14,7 +14,7 @@ import (
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
 	"github.com/sluicehq/sluice/failpolicy"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -82,7 +82,7 @@ func TestNodeStallIntegration(t *testing.T) {
 	for _, a := range clusterAdapters {
 		t.Run(a.name, func(t *testing.T) {
 			t.Parallel()
-			cluster := testkit.StartCluster(t)
+			cluster := servers.StartCluster(t)
 			store := a.connect(t, cluster.Addrs())
 			var log hookLog
 			policy := newPolicy(t, store, failpolicy.Closed,
@@ -94,10 +94,10 @@ func TestNodeStallIntegration(t *testing.T) {
 				warm(t, store, k, cfg) // dials each master and loads the script there
 			}
 
-			// The master to pause: the second, and the testkit node of its
+			// The master to pause: the second, and package servers' node of its
 			// address.
 			const victim = 1
-			var paused *testkit.Redis
+			var paused *servers.Redis
 			for _, n := range cluster.Nodes() {
 				if n.Addr() == masters[victim].Addr {
 					paused = n

@@ -14,7 +14,7 @@ import (
 // decorator with a Keys rule and a Prefix rule that the key misses, on one
 // goroutine (two on one key would measure the key's lock). The
 // memory backend's own decision is a few hundred ns, so it shows the
-// decorator's cost as plainly as any store can; internal/distributed's
+// decorator's cost as plainly as any store can; internal/test/distributed's
 // BenchmarkHotKey measures it on a Redis cluster.
 //
 //	go test -run '^$' -bench PassThrough -count 6 ./sharding | benchstat -col /backend -

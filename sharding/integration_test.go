@@ -10,7 +10,7 @@ import (
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	"github.com/sluicehq/sluice/internal/redisscript"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/sharding"
 )
@@ -23,7 +23,7 @@ import (
 // parts of the slots, as CLUSTER KEYSLOT tells, so 3 ways one on each
 // master and 6 ways two on each; and the key counts what it gives out.
 func TestNamesIntegration(t *testing.T) {
-	cluster := testkit.StartCluster(t)
+	cluster := servers.StartCluster(t)
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
 	const prefix = "rl:"

@@ -16,11 +16,11 @@ import (
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	"github.com/sluicehq/sluice/internal/redisscript"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// clusterSlots are the slot ranges testkit.StartCluster gives its nodes,
+// clusterSlots are the slot ranges servers.StartCluster gives its nodes,
 // the i-th to the i-th of Cluster.Addrs.
 var clusterSlots = []ratelimit.SlotRange{{First: 0, Last: 5460}, {First: 5461, Last: 10922}, {First: 10923, Last: 16383}}
 
@@ -35,8 +35,8 @@ var slotKeys = func() []string {
 }()
 
 // wantMasters is what Masters must report of c: its nodes, as addressed
-// by testkit, with the slots they were given, sorted by address.
-func wantMasters(c *testkit.Cluster) []ratelimit.Master {
+// by package servers, with the slots they were given, sorted by address.
+func wantMasters(c *servers.Cluster) []ratelimit.Master {
 	var masters []ratelimit.Master
 	for i, addr := range c.Addrs() {
 		masters = append(masters, ratelimit.Master{Addr: addr, Slots: clusterSlots[i : i+1]})
@@ -47,7 +47,7 @@ func wantMasters(c *testkit.Cluster) []ratelimit.Master {
 
 // keySlots asks a node of c for CLUSTER KEYSLOT of each key's Redis key
 // under prefix, in one pipeline.
-func keySlots(t *testing.T, c *testkit.Cluster, prefix string, keys []string) []int {
+func keySlots(t *testing.T, c *servers.Cluster, prefix string, keys []string) []int {
 	t.Helper()
 	ctx := context.Background()
 	node := redis.NewClient(&redis.Options{Addr: c.Addrs()[0], MaxRetries: -1})
@@ -70,7 +70,7 @@ func keySlots(t *testing.T, c *testkit.Cluster, prefix string, keys []string) []
 
 // wantNodes returns the address of the master of each key's bucket under
 // prefix, by CLUSTER KEYSLOT and the slots the cluster was formed with.
-func wantNodes(t *testing.T, c *testkit.Cluster, prefix string, keys []string) []string {
+func wantNodes(t *testing.T, c *servers.Cluster, prefix string, keys []string) []string {
 	t.Helper()
 	masters := wantMasters(c)
 	nodes := make([]string, len(keys))
@@ -87,7 +87,7 @@ var protocols = []int{3, 2}
 // clusterBackend returns a backend under prefix on a new cluster client of
 // c speaking RESP protocol. t.Cleanup closes the client, then waits for
 // the backend's background topology load, if one is running, to end.
-func clusterBackend(t *testing.T, c *testkit.Cluster, prefix string, protocol int) (*redisbackend.Backend, *redis.ClusterClient) {
+func clusterBackend(t *testing.T, c *servers.Cluster, prefix string, protocol int) (*redisbackend.Backend, *redis.ClusterClient) {
 	t.Helper()
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), Protocol: protocol, MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { waitTopologyLoads(t) })
@@ -122,10 +122,10 @@ func waitTopologyLoads(t *testing.T) {
 }
 
 // TestClusterTopologyIntegration checks Masters, Node and Slot on a
-// cluster client, on RESP3 and on RESP2, against the cluster testkit
+// cluster client, on RESP3 and on RESP2, against the cluster package servers
 // formed and CLUSTER KEYSLOT.
 func TestClusterTopologyIntegration(t *testing.T) {
-	cluster := testkit.StartCluster(t)
+	cluster := servers.StartCluster(t)
 	const prefix = "rl:"
 	want := wantNodes(t, cluster, prefix, slotKeys)
 
@@ -197,7 +197,7 @@ func TestClusterTopologyIntegration(t *testing.T) {
 // Masters is unsupported, and Slot is the one the bucket would have on a
 // cluster.
 func TestStandaloneTopologyIntegration(t *testing.T) {
-	server := testkit.StartRedis(t)
+	server := servers.StartRedis(t)
 	c := redis.NewClient(&redis.Options{Addr: server.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
 	defer c.Close()
 	b, err := redisbackend.New(c)

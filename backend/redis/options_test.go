@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/redistest"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -107,7 +107,7 @@ func lowLatencyBackend(t *testing.T, kind string, s redistest.Servers) ratelimit
 		redisbackend.LowLatency(o)
 		c = redis.NewClient(o)
 	case "Failover":
-		o := &redis.FailoverOptions{MasterName: testkit.SentinelMaster, SentinelAddrs: s.Addrs}
+		o := &redis.FailoverOptions{MasterName: servers.SentinelMaster, SentinelAddrs: s.Addrs}
 		redisbackend.LowLatencyFailover(o)
 		c = redis.NewFailoverClient(o)
 	case "Cluster":

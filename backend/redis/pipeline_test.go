@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -114,7 +114,7 @@ func warm(t *testing.T, lim *ratelimit.Limiter, cfg ratelimit.Config) {
 // goes through the client's autopipeliner, and each is exact; with
 // WithAutoPipelining(false) they all go on connections of their own.
 func TestConcurrentCallsArePipelined(t *testing.T) {
-	addr, _ := testkit.StandaloneAddr(t)
+	addr, _ := servers.StandaloneAddr(t)
 	const others = 40
 	for _, auto := range []bool{true, false} {
 		t.Run(fmt.Sprintf("auto=%v", auto), func(t *testing.T) {
@@ -175,7 +175,7 @@ func TestConcurrentCallsArePipelined(t *testing.T) {
 // context.Canceled, not a store failure, and leaves the other calls to
 // their replies.
 func TestPipelinedCallObeysItsContext(t *testing.T) {
-	addr, _ := testkit.StandaloneAddr(t)
+	addr, _ := servers.StandaloneAddr(t)
 	g := newGate(true)
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, PoolSize: 8})
 	defer c.Close()

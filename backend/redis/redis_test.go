@@ -10,8 +10,8 @@ import (
 	"go.uber.org/goleak"
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/redistest"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -76,7 +76,7 @@ func TestNewErrors(t *testing.T) {
 // TestCheckRetriesIntegration: a client left with go-redis's default of 3
 // retries is reported, since a retried decision is charged twice.
 func TestCheckRetriesIntegration(t *testing.T) {
-	addr, _ := testkit.StandaloneAddr(t)
+	addr, _ := servers.StandaloneAddr(t)
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	defer c.Close()
 	b, err := redisbackend.New(c)
@@ -94,8 +94,8 @@ func TestCheckRetriesIntegration(t *testing.T) {
 // client is a *redis.Client), since its calls ignore their context's
 // deadline and wait out ReadTimeout on a stalled server.
 func TestCheckContextTimeoutIntegration(t *testing.T) {
-	addr, _ := testkit.StandaloneAddr(t)
-	cluster := testkit.StartCluster(t)
+	addr, _ := servers.StandaloneAddr(t)
+	cluster := servers.StartCluster(t)
 	for _, tc := range []struct {
 		name string
 		fix  string // the LowLatency function the problem names, if any

@@ -17,11 +17,11 @@ import (
 
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
 	"github.com/sluicehq/sluice/internal/redisscript"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// clusterSlots are the slot ranges testkit.StartCluster gives its nodes,
+// clusterSlots are the slot ranges servers.StartCluster gives its nodes,
 // the i-th to the i-th of Cluster.Addrs.
 var clusterSlots = []ratelimit.SlotRange{{First: 0, Last: 5460}, {First: 5461, Last: 10922}, {First: 10923, Last: 16383}}
 
@@ -44,8 +44,8 @@ var protocols = []struct {
 }{{"RESP3", false}, {"RESP2", true}}
 
 // wantMasters is what Masters must report of c: its nodes, as addressed
-// by testkit, with the slots they were given, sorted by address.
-func wantMasters(c *testkit.Cluster) []ratelimit.Master {
+// by package servers, with the slots they were given, sorted by address.
+func wantMasters(c *servers.Cluster) []ratelimit.Master {
 	var masters []ratelimit.Master
 	for i, addr := range c.Addrs() {
 		masters = append(masters, ratelimit.Master{Addr: addr, Slots: clusterSlots[i : i+1]})
@@ -56,7 +56,7 @@ func wantMasters(c *testkit.Cluster) []ratelimit.Master {
 
 // keySlots asks a node of c for CLUSTER KEYSLOT of each key's Redis key
 // under prefix, in one round trip.
-func keySlots(t *testing.T, c *testkit.Cluster, prefix string, keys []string) []int {
+func keySlots(t *testing.T, c *servers.Cluster, prefix string, keys []string) []int {
 	t.Helper()
 	node, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: c.Addrs()[:1], ForceSingleClient: true, DisableCache: true})
 	if err != nil {
@@ -80,7 +80,7 @@ func keySlots(t *testing.T, c *testkit.Cluster, prefix string, keys []string) []
 
 // wantNodes returns the address of the master of each key's bucket under
 // prefix, by CLUSTER KEYSLOT and the slots the cluster was formed with.
-func wantNodes(t *testing.T, c *testkit.Cluster, prefix string, keys []string) []string {
+func wantNodes(t *testing.T, c *servers.Cluster, prefix string, keys []string) []string {
 	t.Helper()
 	masters := wantMasters(c)
 	nodes := make([]string, len(keys))
@@ -93,7 +93,7 @@ func wantNodes(t *testing.T, c *testkit.Cluster, prefix string, keys []string) [
 // clusterBackend returns a backend under prefix on a new cluster client of
 // c, on RESP2 if resp2. t.Cleanup closes the client, then waits for the
 // backend's background topology load, if one is running, to end.
-func clusterBackend(t *testing.T, c *testkit.Cluster, prefix string, resp2 bool) *rueidisbackend.Backend {
+func clusterBackend(t *testing.T, c *servers.Cluster, prefix string, resp2 bool) *rueidisbackend.Backend {
 	t.Helper()
 	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: c.Addrs(), AlwaysRESP2: resp2, DisableCache: true})
 	if err != nil {
@@ -135,10 +135,10 @@ func waitTopologyLoads(t *testing.T) {
 }
 
 // TestClusterTopologyIntegration checks Masters, Node and Slot on a
-// cluster client, on RESP3 and on RESP2, against the cluster testkit
+// cluster client, on RESP3 and on RESP2, against the cluster package servers
 // formed and CLUSTER KEYSLOT.
 func TestClusterTopologyIntegration(t *testing.T) {
-	cluster := testkit.StartCluster(t)
+	cluster := servers.StartCluster(t)
 	const prefix = "rl:"
 	want := wantNodes(t, cluster, prefix, slotKeys)
 
@@ -200,7 +200,7 @@ func TestClusterTopologyIntegration(t *testing.T) {
 // cannot tell, Masters is unsupported, and Slot is the one the bucket
 // would have on a cluster.
 func TestStandaloneTopologyIntegration(t *testing.T) {
-	server := testkit.StartRedis(t)
+	server := servers.StartRedis(t)
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{server.Addr()}, ForceSingleClient: true, DisableCache: true})
 	if err != nil {
 		t.Fatal(err)

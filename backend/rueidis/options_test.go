@@ -14,8 +14,8 @@ import (
 	"github.com/redis/rueidis"
 
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/redistest"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -109,7 +109,7 @@ func lowLatencyBackend(t *testing.T, kind string, s redistest.Servers) ratelimit
 		opt.ForceSingleClient = true
 		opt.AlwaysPipelining = kind == "Pipelined"
 	case "Sentinel":
-		opt.Sentinel.MasterSet = testkit.SentinelMaster
+		opt.Sentinel.MasterSet = servers.SentinelMaster
 	case "Cluster":
 		t.Cleanup(waitDelayedRefresh) // runs after the client's Close
 	default:

@@ -11,8 +11,8 @@ import (
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/redistest"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -57,7 +57,7 @@ func TestIntegration(t *testing.T) {
 // TestSharedBucketIntegration: processes on go-redis and on rueidis share
 // buckets: 64 goroutines, half on each client, are admitted exactly 100.
 func TestSharedBucketIntegration(t *testing.T) {
-	addr, _ := testkit.StandaloneAddr(t)
+	addr, _ := servers.StandaloneAddr(t)
 	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true, DisableCache: true})
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func TestNewErrors(t *testing.T) {
 			t.Errorf("New(%s): %v, %v; want ErrInvalidConfig saying the client is nil", tc.name, b, err)
 		}
 	}
-	addr, _ := testkit.StandaloneAddr(t)
+	addr, _ := servers.StandaloneAddr(t)
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true})
 	if err != nil {
 		t.Fatal(err)

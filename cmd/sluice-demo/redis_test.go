@@ -8,23 +8,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 )
 
 // TestRedisIntegration runs the demo on a real redis-server, standalone
 // and as a cluster (--redis, --cluster): the same burst is decided the
 // same as in memory.
 func TestRedisIntegration(t *testing.T) {
-	testkit.RequireRedisServer(t)
+	servers.RequireRedisServer(t)
 	for _, tc := range []struct {
 		name  string
 		start func(t *testing.T) options
 	}{
 		{"redis", func(t *testing.T) options {
-			return options{redisAddrs: []string{testkit.StartRedis(t).Addr()}}
+			return options{redisAddrs: []string{servers.StartRedis(t).Addr()}}
 		}},
 		{"redis cluster", func(t *testing.T) options {
-			return options{redisAddrs: testkit.StartCluster(t).Addrs(), cluster: true}
+			return options{redisAddrs: servers.StartCluster(t).Addrs(), cluster: true}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -57,8 +57,8 @@ func TestRedisIntegration(t *testing.T) {
 // replica decides in its share, half the bucket: 2 each, 4 in all, where
 // each replica deciding with the whole bucket admitted 10.
 func TestReplicasShareWhenDown(t *testing.T) {
-	testkit.RequireRedisServer(t)
-	r := testkit.StartRedis(t)
+	servers.RequireRedisServer(t)
+	r := servers.StartRedis(t)
 	srvs := twoReplicas(t, r.Addr())
 	bursts := func() (total map[int]int, each [2]map[int]int) {
 		var wg sync.WaitGroup
@@ -93,8 +93,8 @@ func TestReplicasShareWhenDown(t *testing.T) {
 // replicas wait for Redis rather than decide in their shares, and admit
 // exactly what the bucket holds.
 func TestReplicasExactWhenRedisIsSlow(t *testing.T) {
-	testkit.RequireRedisServer(t)
-	proxy := testkit.StartProxy(t, testkit.StartRedis(t).Addr())
+	servers.RequireRedisServer(t)
+	proxy := servers.StartProxy(t, servers.StartRedis(t).Addr())
 	srvs := twoReplicas(t, proxy.Addr())
 	for i, srv := range srvs {
 		// One request each, so that the function library is loaded and

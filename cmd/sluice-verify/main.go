@@ -45,7 +45,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/sluicehq/sluice/internal/harness"
+	"github.com/sluicehq/sluice/internal/test/harness"
 )
 
 func main() {

@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/sluicehq/sluice/internal/harness"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/harness"
+	"github.com/sluicehq/sluice/internal/test/servers"
 )
 
 // TestMain makes the test binary the command's instances too: run starts
@@ -104,18 +104,18 @@ func TestVerifyIntegration(t *testing.T) {
 		start func(t *testing.T) (harness.Server, []string)
 	}{
 		{"Standalone", func(t *testing.T) (harness.Server, []string) {
-			addr := testkit.StartRedis(t).Addr()
+			addr := servers.StartRedis(t).Addr()
 			return harness.Server{Addrs: []string{addr}}, []string{"--redis", addr}
 		}},
 		{"Cluster", func(t *testing.T) (harness.Server, []string) {
-			addrs := testkit.StartCluster(t).Addrs()
+			addrs := servers.StartCluster(t).Addrs()
 			return harness.Server{Addrs: addrs, Cluster: true}, []string{"--cluster", strings.Join(addrs, ",")}
 		}},
 		{"Sentinel", func(t *testing.T) (harness.Server, []string) {
-			master := testkit.StartRedis(t)
-			sentinel := testkit.StartSentinel(t, master.Addr()).Addr()
-			return harness.Server{Addrs: []string{sentinel}, Sentinel: testkit.SentinelMaster},
-				[]string{"--sentinel", sentinel, "--master", testkit.SentinelMaster}
+			master := servers.StartRedis(t)
+			sentinel := servers.StartSentinel(t, master.Addr()).Addr()
+			return harness.Server{Addrs: []string{sentinel}, Sentinel: servers.SentinelMaster},
+				[]string{"--sentinel", sentinel, "--master", servers.SentinelMaster}
 		}},
 	}
 	for _, tc := range topologies {
@@ -170,7 +170,7 @@ func TestVerifyFlagsUnsafeSettings(t *testing.T) {
 		t.Skip("-short: each run takes seconds")
 	}
 	t.Parallel()
-	addr := testkit.StartRedis(t, "--maxmemory-policy", "allkeys-lru").Addr()
+	addr := servers.StartRedis(t, "--maxmemory-policy", "allkeys-lru").Addr()
 	args := []string{"--redis", addr, "--retries", "3", "--buckets", "TokenBucket"}
 	code, rep := verifiedJSON(t, args...)
 	if code != exitOK || !rep.OK {
@@ -204,7 +204,7 @@ func TestVerifyCatchesRacyStore(t *testing.T) {
 		t.Skip("-short: each run takes seconds")
 	}
 	t.Parallel()
-	addr := testkit.StartRedis(t).Addr()
+	addr := servers.StartRedis(t).Addr()
 	c := client(t, harness.Server{Addrs: []string{addr}})
 	for attempt := range 3 {
 		code, rep := verifiedJSON(t, "--redis", addr, "--test-racy-store", "--buckets", "TokenBucket")
@@ -234,7 +234,7 @@ func TestVerifyReportsUnknownTokens(t *testing.T) {
 		t.Skip("-short: each run takes seconds")
 	}
 	t.Parallel()
-	addr := testkit.StartRedis(t).Addr()
+	addr := servers.StartRedis(t).Addr()
 	code, rep := verifiedJSON(t, "--redis", addr, "--timeout", "1us", "--buckets", "TokenBucket", "--adapters", "goredis")
 	if len(rep.Runs) != 1 {
 		t.Fatalf("%d runs; want 1", len(rep.Runs))
@@ -250,7 +250,7 @@ func TestVerifyReportsUnknownTokens(t *testing.T) {
 // the command makes no run, exits 2 and leaves the key as it was.
 func TestVerifyRefusesUsedPrefix(t *testing.T) {
 	t.Parallel()
-	addr := testkit.StartRedis(t).Addr()
+	addr := servers.StartRedis(t).Addr()
 	c := client(t, harness.Server{Addrs: []string{addr}})
 	setOther(t, c, "mine:[x]*")
 	code, stdout, stderr := verified(t, "--redis", addr, "--prefix", "mine:[x]")
@@ -271,7 +271,7 @@ func TestVerifyPrefixIsLiteral(t *testing.T) {
 		t.Skip("-short: each run takes seconds")
 	}
 	t.Parallel()
-	addr := testkit.StartRedis(t).Addr()
+	addr := servers.StartRedis(t).Addr()
 	c := client(t, harness.Server{Addrs: []string{addr}})
 	setOther(t, c, "v1:{x}")
 	code, rep := verifiedJSON(t, "--redis", addr, "--prefix", "v?:", "--buckets", "GCRA", "--adapters", "rueidis", "--calls", "200", "--capacity", "50")

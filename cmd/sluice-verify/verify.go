@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/backend/redischeck"
-	"github.com/sluicehq/sluice/internal/harness"
+	"github.com/sluicehq/sluice/internal/test/harness"
 )
 
 // setupTimeout bounds each step around the runs: the prefix check, a

@@ -16,8 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/internal/redisscript"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/redistest"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -26,7 +26,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // newClient connects to a throwaway server (or $SLUICE_REDIS_ADDR).
 func newClient(t *testing.T) *redis.Client {
 	t.Helper()
-	addr, _ := testkit.StandaloneAddr(t)
+	addr, _ := servers.StandaloneAddr(t)
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	return c

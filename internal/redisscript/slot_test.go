@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redisscript"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -18,7 +18,7 @@ import (
 // redirect by.
 func newClusterNodeClient(t *testing.T) *redis.Client {
 	t.Helper()
-	cluster := testkit.StartCluster(t)
+	cluster := servers.StartCluster(t)
 	c := redis.NewClient(&redis.Options{Addr: cluster.Addrs()[0], MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	return c

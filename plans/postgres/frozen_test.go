@@ -19,7 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/plans"
 )
 
@@ -31,8 +31,8 @@ import (
 // thaw continues them; t.Cleanup thaws them too, before the server's own
 // cleanup, which would otherwise wait for a stopped postmaster, and leave
 // its stopped children behind. freeze is only for a server of the test's
-// own, from testkit.StartPostgres.
-func freeze(t testing.TB, server *testkit.PGServer) (thaw func()) {
+// own, from servers.StartPostgres.
+func freeze(t testing.TB, server *servers.PGServer) (thaw func()) {
 	t.Helper()
 	postmaster := postmasterPID(t, server)
 	signal(t, postmaster, syscall.SIGSTOP)
@@ -63,7 +63,7 @@ func freeze(t testing.TB, server *testkit.PGServer) (thaw func()) {
 
 // postmasterPID returns the pid of server's postmaster, from the first
 // line of postmaster.pid in the data directory the server itself names.
-func postmasterPID(t testing.TB, server *testkit.PGServer) int {
+func postmasterPID(t testing.TB, server *servers.PGServer) int {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, server.ConnString("postgres"))
@@ -191,7 +191,7 @@ func (s *readsStore) close() {
 // by the cache and past its TTL, newcomer never looked up; pro's capacity
 // was raised from 100 to 200 after acme was cached.
 type frozenFixture struct {
-	server *testkit.PGServer
+	server *servers.PGServer
 	store  *readsStore
 	cache  *plans.Cache
 	thaw   func()
@@ -203,7 +203,7 @@ const frozenTTL = 10 * time.Millisecond
 
 func newFrozenFixture(t testing.TB, opts ...plans.CacheOption) *frozenFixture {
 	t.Helper()
-	f := &frozenFixture{server: testkit.StartPostgres(t)}
+	f := &frozenFixture{server: servers.StartPostgres(t)}
 	s := migrated(t, f.server.NewDatabase(t).Pool(t))
 	pro := putPlan(t, s, proPlan())
 	assign(t, s, "acme", "pro")

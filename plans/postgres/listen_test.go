@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/plans"
 )
 
@@ -271,7 +271,7 @@ func wantOrder(t testing.TB, w *watch, events ...string) {
 // missed changes), and pass later changes on.
 func TestListenOutage(t *testing.T) {
 	t.Parallel()
-	srv := testkit.StartPostgres(t)
+	srv := servers.StartPostgres(t)
 	pool := srv.NewDatabase(t).Pool(t)
 	s := migrated(t, pool)
 	w := newWatch()
@@ -295,7 +295,7 @@ func TestListenOutage(t *testing.T) {
 // heartbeat must notice, and the listener reconnect.
 func TestListenHeartbeat(t *testing.T) {
 	t.Parallel()
-	srv := testkit.StartPostgres(t)
+	srv := servers.StartPostgres(t)
 	pool := srv.NewDatabase(t).Pool(t)
 	s := migrated(t, pool)
 	w := newWatch()

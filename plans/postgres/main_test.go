@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/plans"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -25,7 +25,7 @@ const waitTimeout = 10 * time.Second
 // and the pool it uses.
 func newStore(t testing.TB, opts ...Option) (*Store, *pgxpool.Pool) {
 	t.Helper()
-	pool := testkit.Postgres(t).Pool(t)
+	pool := servers.Postgres(t).Pool(t)
 	return migrated(t, pool, opts...), pool
 }
 

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 )
 
 func TestLoadSteps(t *testing.T) {
@@ -107,7 +107,7 @@ WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE da
 // objects without IF NOT EXISTS, so a step applied twice would fail.
 func TestMigrateConcurrent(t *testing.T) {
 	t.Parallel()
-	db := testkit.Postgres(t)
+	db := servers.Postgres(t)
 	pools := []*pgxpool.Pool{db.Pool(t), db.Pool(t)}
 	const schemas, replicas = 5, 4
 	for i := range schemas {
@@ -140,7 +140,7 @@ func TestMigrateConcurrent(t *testing.T) {
 func TestMigrationSQLByHand(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testkit.Postgres(t)
+	db := servers.Postgres(t)
 	pool := db.Pool(t)
 	script, err := MigrationSQL(WithSchema("by_hand"), WithChannel("by_hand_events"))
 	if err != nil {
@@ -196,7 +196,7 @@ func TestMigrationSQLOptions(t *testing.T) {
 // TestMigrateSchemas: two schemas in one database are independent stores.
 func TestMigrateSchemas(t *testing.T) {
 	t.Parallel()
-	pool := testkit.Postgres(t).Pool(t)
+	pool := servers.Postgres(t).Pool(t)
 	a := migrated(t, pool)
 	b := migrated(t, pool, WithSchema("other"))
 	putPlan(t, a, proPlan())
@@ -218,7 +218,7 @@ const commitOrderStep = 3
 func TestMigrateUpgrades(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testkit.Postgres(t).Pool(t)
+	pool := servers.Postgres(t).Pool(t)
 	s, err := New(pool)
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +263,7 @@ func TestMigrateUpgrades(t *testing.T) {
 		moved, err = s.Unassign(ctx, "c1")
 		done <- err
 	}()
-	if testkit.ReturnedOrWaiting(t, pool, done) {
+	if servers.ReturnedOrWaiting(t, pool, done) {
 		t.Fatalf("after the upgrade, Unassign returned (%v) while an edit was open: writers are not serialised", <-done)
 	}
 	if err := edit.Commit(ctx); err != nil {

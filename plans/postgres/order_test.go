@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/plans"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -67,7 +67,7 @@ func TestWritersSerialised(t *testing.T) {
 			openTop := queryInt(t, pool, "SELECT last_value FROM sluice.version_seq")
 			done := make(chan error, 1)
 			go func() { done <- tt.write(s) }()
-			if testkit.ReturnedOrWaiting(t, pool, done) {
+			if servers.ReturnedOrWaiting(t, pool, done) {
 				t.Fatalf("the write returned (%v) while a transaction that wrote was open", <-done)
 			}
 			if got := lookup(t, s, "c1"); got.Plan.Name != "pro" {
@@ -198,7 +198,7 @@ func (o *observations) waitPasses() {
 func TestVersionsCommitOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testkit.Postgres(t)
+	db := servers.Postgres(t)
 	pool := db.Pool(t)
 	s := migrated(t, pool)
 	// The readers are another replica, with a pool of their own: the

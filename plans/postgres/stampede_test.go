@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/plans"
 )
 
@@ -14,7 +14,7 @@ import (
 // of the store, all for one subject it has never seen, and counts the
 // lookups the server ran with pg_stat_statements: exactly one.
 func TestColdStampede(t *testing.T) {
-	server := testkit.StartPostgres(t)
+	server := servers.StartPostgres(t)
 	pool := server.NewDatabase(t).Pool(t)
 	ctx := context.Background()
 	execSQL(t, pool, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")

@@ -18,7 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/test/servers"
 )
 
 // envOut names the directory the run writes into, in its images and
@@ -50,7 +50,7 @@ func TestOnCallRun(t *testing.T) {
 
 	// DEBUG SLEEP makes the store slow: Redis 7 refuses DEBUG unless it
 	// is enabled.
-	rds := testkit.StartRedis(t, "--enable-debug-command", "yes")
+	rds := servers.StartRedis(t, "--enable-debug-command", "yes")
 	svc := startService(t, rds.Addr())
 	prom := startPrometheus(t, svc.metricsURL)
 

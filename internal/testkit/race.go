@@ -1,7 +1,0 @@
-//go:build race
-
-package testkit
-
-// raceEnabled says that this binary has the race detector, so that
-// [BuildInstance] gives it to the instance program too.
-const raceEnabled = true
