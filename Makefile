@@ -34,21 +34,27 @@ BENCHMARKS_MOD := $(wildcard benchmarks/go.mod)
 # The modules besides the root: otel (OpenTelemetry, which needs Go 1.26),
 # the run that makes its on-call figures, the demo server (which serves
 # /metrics through otel) and the benchmarks. `lint` vets each.
-MODULES := $(patsubst %/go.mod,%,$(wildcard otel/go.mod otel/internal/oncall/go.mod cmd/sluice-demo/go.mod benchmarks/go.mod))
+MODULES := $(patsubst %/go.mod,%,$(wildcard otel/go.mod otel/internal/oncall/go.mod cmd/sluice-demo/go.mod benchmarks/go.mod testkit/go.mod))
 
 .PHONY: help
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: lint ## lint, then all tests with -race (root, otel, demo and benchmarks modules; the demo's in headless Chromium), then each benchmark once (what CI runs)
+test: lint ## lint, then all tests with -race (root, otel, demo, testkit and benchmarks modules; the demo's in headless Chromium; the test kit's on binaries, then on containers when an engine answers, with the SDK's Redis and PostgreSQL suites), then each benchmark once (what CI runs)
 	$(GO) test -race -count=1 ./...
 	cd otel && $(GO) test -race -count=1 ./...
 	cd cmd/sluice-demo && $(GO) test -race -count=1 ./...
+	cd testkit && SLUICE_TESTKIT=binaries $(GO) test -race -count=1 ./...
+	cd testkit && $(GO) test -race -count=1 -timeout=30m ./...
 ifneq ($(BENCHMARKS_MOD),)
 	cd benchmarks && $(GO) test -race -count=1 ./...
 	cd benchmarks && $(GO) test -run='^$$' -bench=. -benchtime=1x ./...
 endif
+
+.PHONY: test-containers
+test-containers: ## the test kit's tests and the SDK's Redis and PostgreSQL suites on containers (needs an engine: see docs/testing.md)
+	cd testkit && SLUICE_TESTKIT=containers $(GO) test -race -count=1 -timeout=30m ./...
 
 .PHONY: test-unit
 test-unit: ## fast tests only (-short), with -race

@@ -1,7 +1,9 @@
 package doccheck
 
 import (
+	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,13 +15,14 @@ import (
 // tests, the distributed tests and this check.
 const testSupport = "internal/test"
 
-// importers of the test support that are not tests: the sluice-verify
-// command runs the harness's check against a user's Redis.
-var testSupportImporters = []string{"cmd/sluice-verify"}
+// importers of the test support that are not tests, with what lies under
+// them: the sluice-verify command runs the harness's check against a
+// user's Redis, and the test kit module is test support itself.
+var testSupportImporters = []string{"cmd/sluice-verify", "testkit"}
 
 // TestTestSupportStaysApart checks the layout README.md describes: no
-// non-test file outside internal/test imports a package under it, but the
-// commands that are checks themselves, so that production code and what
+// non-test file outside internal/test imports a package under it, but
+// sluice-verify's and the test kit's, so that production code and what
 // tests need stay apart.
 func TestTestSupportStaysApart(t *testing.T) {
 	m := theModule(t)
@@ -27,7 +30,7 @@ func TestTestSupportStaysApart(t *testing.T) {
 	checked := 0
 	for _, gf := range m.files {
 		dir := path.Dir(gf.rel)
-		if gf.test || dir == testSupport || strings.HasPrefix(dir, testSupport+"/") || slices.Contains(testSupportImporters, dir) {
+		if gf.test || dir == testSupport || strings.HasPrefix(dir, testSupport+"/") || slices.ContainsFunc(testSupportImporters, func(d string) bool { return dir == d || strings.HasPrefix(dir, d+"/") }) {
 			continue
 		}
 		checked++
@@ -39,5 +42,22 @@ func TestTestSupportStaysApart(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no production file was checked")
+	}
+}
+
+// TestSDKRequiresNoTestKit: the SDK's go.mod requires neither the test kit
+// module nor its container dependencies, which would otherwise reach every
+// service that imports sluice (go mod tidy loads the tests of the packages
+// a service imports). The test kit requires the SDK, not the other way.
+func TestSDKRequiresNoTestKit(t *testing.T) {
+	m := theModule(t)
+	b, err := os.ReadFile(filepath.Join(m.root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, banned := range []string{modulePath + "/testkit", "github.com/testcontainers/", "github.com/docker/", "github.com/moby/"} {
+		if strings.Contains(string(b), banned) {
+			t.Errorf("go.mod names %s: the SDK must not depend on the test kit or its containers", banned)
+		}
 	}
 }

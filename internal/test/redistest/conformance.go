@@ -20,13 +20,15 @@ type topology struct {
 	cluster bool
 }
 
-// topologies starts a standalone server (or takes $SLUICE_REDIS_ADDR) and a
-// 3-master cluster.
+// topologies starts a standalone server and a 3-master cluster, or takes
+// those $SLUICE_REDIS_ADDR and $SLUICE_REDIS_CLUSTER_ADDRS name (the test
+// kit's containers, in make test-containers).
 func topologies(t *testing.T) []topology {
 	addr, _ := servers.StandaloneAddr(t)
+	cluster, _ := servers.ClusterAddrs(t)
 	return []topology{
 		{name: "Standalone", addrs: []string{addr}},
-		{name: "Cluster", addrs: servers.StartCluster(t).Addrs(), cluster: true},
+		{name: "Cluster", addrs: cluster, cluster: true},
 	}
 }
 

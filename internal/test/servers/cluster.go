@@ -112,6 +112,23 @@ func StartReplicatedCluster(t testing.TB, args ...string) *Cluster {
 	return c
 }
 
+// FormCluster makes three redis-servers that something else started on
+// 127.0.0.1, with cluster mode on and no slots yet, a cluster as
+// [StartCluster] makes its own: the i-th at ports[i] (its cluster bus at
+// busPorts[i]) owns the i-th third of the slots. It returns once every node
+// reports cluster_state:ok and maps all slots to their owners. The test
+// kit's containers use it.
+func FormCluster(ports, busPorts []int) error {
+	if len(ports) != len(slotRanges) || len(busPorts) != len(slotRanges) {
+		return fmt.Errorf("servers: FormCluster needs %d nodes, got %d ports and %d bus ports", len(slotRanges), len(ports), len(busPorts))
+	}
+	c := &Cluster{}
+	for i := range ports {
+		c.masters = append(c.masters, &Redis{port: ports[i], busPort: busPorts[i]})
+	}
+	return c.form()
+}
+
 // startNodes starts the masters of a cluster and, if replicated, their
 // replicas: nodes not yet formed into a cluster.
 func startNodes(t testing.TB, replicated bool, args []string) *Cluster {

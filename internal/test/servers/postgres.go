@@ -224,6 +224,15 @@ func probeMachinePostgres() error {
 	return conn.Close(ctx)
 }
 
+// CreateDatabase creates a database for t on the server that maintenance
+// (a postgres:// URL of a database to connect to for CREATE DATABASE, as a
+// user allowed to create databases) reaches, as [Postgres] does on a shared
+// server, and drops it in t.Cleanup. The test kit's containers use it.
+func CreateDatabase(t testing.TB, maintenance string) *PGDatabase {
+	t.Helper()
+	return createDatabase(t, maintenance, true)
+}
+
 // createDatabase creates a database for t on the server that maintenance
 // (a postgres:// URL) connects to, and drops it in t.Cleanup when drop is
 // set.
@@ -344,7 +353,7 @@ func startPostgres(t testing.TB, binDir string) *PGServer {
 		t.Fatalf("servers: initdb: %v; log:\n%s", err, s.logTail(0))
 	}
 	for attempt := 1; ; attempt++ {
-		s.port = freePorts(t, 1)[0]
+		s.port = FreePorts(t, 1)[0]
 		err := s.launch()
 		if err == nil {
 			return s

@@ -25,7 +25,7 @@ const readyTimeout = 10 * time.Second
 const logTailLines = 30
 
 // errPortInUse marks a launch that failed because another process took a
-// port between freePorts and redis-server's bind; a retry with new ports may
+// port between FreePorts and redis-server's bind; a retry with new ports may
 // succeed.
 var errPortInUse = errors.New("port in use")
 
@@ -66,11 +66,16 @@ func (r *Redis) sentinelConf() string {
 	if _, err := os.Stat(path); err == nil {
 		return path
 	}
-	host, port, _ := net.SplitHostPort(r.master)
-	conf := fmt.Sprintf("sentinel monitor %s %s %s 1\n", SentinelMaster, host, port)
 	// Any error shows when redis-server cannot read the file.
-	_ = os.WriteFile(path, []byte(conf), 0o644)
+	_ = os.WriteFile(path, []byte(SentinelConfig(r.master)), 0o644)
 	return path
+}
+
+// SentinelConfig is the config file of a Sentinel that monitors the server
+// at master (host:port) as [SentinelMaster], with a quorum of one.
+func SentinelConfig(master string) string {
+	host, port, _ := net.SplitHostPort(master)
+	return fmt.Sprintf("sentinel monitor %s %s %s 1\n", SentinelMaster, host, port)
 }
 
 // launch starts redis-server on r's ports and waits until it answers.

@@ -24,7 +24,7 @@ func TestLaunchPortTaken(t *testing.T) {
 	}{
 		{"silent listener", silent.Addr().(*net.TCPAddr).Port, nil, true},
 		{"another redis-server", StartRedis(t).port, nil, true},
-		{"bad config", freePorts(t, 1)[0], []string{"--no-such-option", "x"}, false},
+		{"bad config", FreePorts(t, 1)[0], []string{"--no-such-option", "x"}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

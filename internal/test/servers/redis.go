@@ -50,14 +50,15 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// envRedisAddr names the variable that points [StandaloneAddr] at an existing
+// EnvRedisAddr names the variable that points [StandaloneAddr] at an existing
 // server.
-const envRedisAddr = "SLUICE_REDIS_ADDR"
+const EnvRedisAddr = "SLUICE_REDIS_ADDR"
 
 // startAttempts bounds the retries with fresh ports: a port found free may be
 // taken by a parallel test before redis-server binds it.
@@ -113,7 +114,7 @@ func startWith(t testing.TB, set func(*Redis)) *Redis {
 		nports = 2
 	}
 	for attempt := 1; ; attempt++ {
-		ports := freePorts(t, nports)
+		ports := FreePorts(t, nports)
 		r.port = ports[0]
 		if cluster {
 			r.busPort = ports[1]
@@ -135,9 +136,10 @@ func startWith(t testing.TB, set func(*Redis)) *Redis {
 	return r
 }
 
-// freePorts returns n distinct ports that were free a moment ago. They are
-// held open until all n are picked, or the kernel could return one twice.
-func freePorts(t testing.TB, n int) []int {
+// FreePorts returns n distinct 127.0.0.1 ports that were free a moment
+// ago. They are held open until all n are picked, or the kernel could
+// return one twice.
+func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
 	ports := make([]int, n)
 	for i := range ports {
@@ -261,10 +263,27 @@ func StartSentinel(t testing.TB, master string) *Redis {
 // as it likes.
 func StandaloneAddr(t testing.TB) (addr string, external bool) {
 	t.Helper()
-	if addr := os.Getenv(envRedisAddr); addr != "" {
+	if addr := os.Getenv(EnvRedisAddr); addr != "" {
 		return addr, true
 	}
 	return StartRedis(t).Addr(), false
+}
+
+// EnvRedisClusterAddrs names the variable that points [ClusterAddrs] at an
+// existing Redis Cluster of three masters: their addresses, separated by
+// commas.
+const EnvRedisClusterAddrs = "SLUICE_REDIS_CLUSTER_ADDRS"
+
+// ClusterAddrs returns the masters' addresses of a 3-master Redis Cluster
+// for the test: those $SLUICE_REDIS_CLUSTER_ADDRS lists, with external
+// true (shared with other tests and runs, as [StandaloneAddr]'s), else
+// those of a fresh [StartCluster], with external false.
+func ClusterAddrs(t testing.TB) (addrs []string, external bool) {
+	t.Helper()
+	if v := os.Getenv(EnvRedisClusterAddrs); v != "" {
+		return strings.Split(v, ","), true
+	}
+	return StartCluster(t).Addrs(), false
 }
 
 // RequireRedisServer returns the path of redis-server on PATH. Without one
