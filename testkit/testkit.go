@@ -2,7 +2,11 @@
 // sluice: a standalone Redis ([StartRedis]), a Redis Cluster of three
 // masters ([StartCluster]), a Redis watched by a Sentinel ([StartSentinel])
 // and a PostgreSQL database of the test's own ([Postgres]), each with one
-// call and each removed by t.Cleanup.
+// call and each removed by t.Cleanup. [CheckInstances] runs the
+// two-instance check of sluice-verify from a test: two OS processes of the
+// test binary, each with many goroutines and the service's own backend,
+// share one bucket, and the test fails with sluice-verify's report if they
+// were admitted more than the bucket allows, or fewer.
 //
 // It is a module of its own, so that importing sluice pulls in none of its
 // container dependencies.

@@ -51,7 +51,7 @@ import (
 func main() {
 	redis.SetLogger(quiet{})
 	if harness.IsInstance() {
-		harness.InstanceMain()
+		harness.InstanceMain(harness.Connect)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -290,13 +290,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitCannot
 	}
 	if o.json {
-		err = rep.writeJSON(stdout)
+		err = rep.WriteJSON(stdout)
 	} else {
-		err = rep.writeTable(stdout)
+		err = rep.WriteTable(stdout)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice-verify: writing the report: %v\n", err)
 		return exitCannot
 	}
-	return rep.exitStatus(o.strict)
+	return exitStatus(rep, o.strict)
 }

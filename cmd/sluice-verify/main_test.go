@@ -20,7 +20,7 @@ import (
 // any leaves a goroutine behind.
 func TestMain(m *testing.M) {
 	if harness.IsInstance() {
-		harness.InstanceMain()
+		harness.InstanceMain(harness.Connect)
 	}
 	goleak.VerifyTestMain(m)
 }

@@ -2,18 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/backend/redischeck"
 	"github.com/sluicehq/sluice/internal/test/harness"
 )
 
@@ -73,26 +70,15 @@ func verify(ctx context.Context, o options, prog *progress) (*report, error) {
 }
 
 // check runs the backend's Check for adapter.
-func check(ctx context.Context, o options, adapter string) adapterReport {
-	a := adapterReport{Name: adapter}
+func check(ctx context.Context, o options, adapter string) harness.AdapterReport {
 	conn, err := harness.Connect(harness.Spec{Backend: adapter, Server: o.server})
 	if err != nil {
-		a.CheckError = err.Error()
-		return a
+		return harness.AdapterReport{Name: adapter, CheckError: err.Error()}
 	}
 	defer conn.Close()
-	a.Settings = conn.Settings
 	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
-	r, err := conn.Check(ctx)
-	if err != nil && !errors.Is(err, redischeck.ErrUnsafeServer) {
-		a.CheckError = err.Error()
-	}
-	for _, s := range r.Servers {
-		a.Servers = append(a.Servers, serverReport(s))
-	}
-	a.Problems = r.Problems
-	return a
+	return harness.CheckAdapter(ctx, adapter, conn.Settings, conn.Check)
 }
 
 // measure makes one run: o's processes on a new bucket b through adapter.
@@ -106,7 +92,6 @@ func measure(ctx context.Context, o options, adapter string, b harness.Bucket, p
 		Attempts:   o.calls / o.processes,
 		Timeout:    o.timeout,
 	}
-	r := runReport{Adapter: adapter, Bucket: b.Name, Algorithm: b.Algorithm.String()}
 	res, err := harness.Measure(ctx, harness.Run{
 		Program: o.instance, Processes: o.processes, Spec: spec,
 		Drive: func(in *harness.Instances) error {
@@ -115,26 +100,7 @@ func measure(ctx context.Context, o options, adapter string, b harness.Bucket, p
 		},
 	})
 	p.stop()
-	if err != nil {
-		r.Verdict, r.Error = verdictError, err.Error()
-		p.done(r)
-		return r
-	}
-	n := res.Tally
-	r.Made, r.Admitted, r.Denied, r.Failed, r.Unknown = n.Calls, n.Admitted, n.Denied, n.Failed, n.Unknown
-	r.Remaining = res.Remaining
-	r.Bound = boundReport{Low: res.Bounds.Low, High: res.Bounds.High, SpanMillis: millis(res.Bounds.Span)}
-	r.Seconds = n.Span().Seconds()
-	r.Latency = latencies(res.Calls)
-	r.Errors = firstErrors(res.Calls, 3)
-	switch err := res.Check(); {
-	case err != nil:
-		r.Verdict, r.Error = verdictBroken, err.Error()
-	case n.Failed > 0:
-		r.Verdict = verdictFailed
-	default:
-		r.Verdict = verdictOK
-	}
+	r := harness.NewRunReport(adapter, b, res, err)
 	p.done(r)
 	return r
 }
@@ -152,47 +118,6 @@ func cleanUp(ctx context.Context, c redis.UniversalClient, prefix string) (delet
 	}
 	return deleted, len(keys), ""
 }
-
-// latencies are the percentiles of the calls' durations, of those that
-// returned.
-func latencies(calls []harness.Call) latencyReport {
-	var d []time.Duration
-	for _, c := range calls {
-		if c.End != 0 {
-			d = append(d, time.Duration(c.End-c.Start))
-		}
-	}
-	if len(d) == 0 {
-		return latencyReport{}
-	}
-	slices.Sort(d)
-	at := func(q float64) float64 {
-		i := int(q*float64(len(d))+0.5) - 1
-		return millis(d[min(max(i, 0), len(d)-1)])
-	}
-	return latencyReport{P50: at(0.50), P90: at(0.90), P99: at(0.99), Max: millis(d[len(d)-1])}
-}
-
-// firstErrors are up to n distinct errors of the calls, each with how
-// often it occurred.
-func firstErrors(calls []harness.Call, n int) []errorCount {
-	var out []errorCount
-	for _, c := range calls {
-		if c.Err == "" {
-			continue
-		}
-		i := slices.IndexFunc(out, func(e errorCount) bool { return e.Error == c.Err })
-		switch {
-		case i >= 0:
-			out[i].Count++
-		case len(out) < n:
-			out = append(out, errorCount{Error: c.Err, Count: 1})
-		}
-	}
-	return out
-}
-
-func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // progress writes the progress line on stderr: on a terminal, one line
 // rewritten as the calls go; elsewhere, a line as each run ends.

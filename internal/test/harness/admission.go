@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -177,6 +178,12 @@ type Run struct {
 	// Drive releases the instances and runs the phases of the spec's
 	// holds; nil means one Go, for a spec without holds.
 	Drive func(in *Instances) error
+	// Observer reads the bucket after the run with its Backend, and the
+	// clock of the server that holds it with its Redis, which must be
+	// set. The caller closes it. Nil means a go-redis Conn of Spec, which
+	// Measure makes and closes: the instances' backend if it is the
+	// racy one, else the go-redis one.
+	Observer *Conn
 }
 
 // Result is what an admission run found.
@@ -202,11 +209,17 @@ func (r Result) Check() error { return r.Bounds.Check(r.Tally, r.Remaining) }
 // Measure does not check them; [Result.Check] does. If ctx ends first,
 // Measure kills the instances and returns an error.
 func Measure(ctx context.Context, r Run) (Result, error) {
-	obs, err := observe(r.Spec)
-	if err != nil {
-		return Result{}, err
+	obs := r.Observer
+	if obs == nil {
+		var err error
+		if obs, err = observe(r.Spec); err != nil {
+			return Result{}, err
+		}
+		defer obs.Close()
 	}
-	defer obs.Close()
+	if obs.Redis == nil {
+		return Result{}, errors.New("harness: the run's Observer has no Redis client to read the server's clock with")
+	}
 	in, err := Start(r.Program, r.Processes, r.Spec)
 	if err != nil {
 		return Result{}, err

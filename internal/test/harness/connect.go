@@ -37,8 +37,14 @@ type Conn struct {
 	close func()
 }
 
-// Ping makes one round trip to the server.
-func (c *Conn) Ping(ctx context.Context) error { return c.ping(ctx) }
+// Ping makes one round trip to the server; on a Conn of [NewConn] without
+// a ping, it returns an error.
+func (c *Conn) Ping(ctx context.Context) error {
+	if c.ping == nil {
+		return errors.New("harness: the Conn has no ping")
+	}
+	return c.ping(ctx)
+}
 
 // Check is the backend's Check: the servers the client reaches, and every
 // setting of theirs or of the client that can break the limits. The racy
@@ -53,9 +59,23 @@ func (c *Conn) Check(ctx context.Context) (redischeck.Report, error) {
 // Close closes the client.
 func (c *Conn) Close() { c.close() }
 
+// NewConn is a Conn of backend b, which its caller built: ping makes one
+// round trip through it (an instance makes one before it says it is
+// ready; nil will do for a Conn that only observes a run), and close, if
+// not nil, releases it. It has no Settings and no
+// Check; its Redis is nil unless the caller sets it, as it must for a
+// [Run].Observer.
+func NewConn(b ratelimit.Backend, ping func(ctx context.Context) error, close func()) *Conn {
+	if close == nil {
+		close = func() {}
+	}
+	return &Conn{Backend: b, ping: ping, close: close}
+}
+
 // Connect builds spec's backend on a new client of spec.Server: with no
 // retries and the context's deadline obeyed unless the Server says
-// otherwise, as the Redis backends' docs recommend. It sends nothing.
+// otherwise, as the Redis backends' docs recommend. It sends nothing. It
+// is the [Connector] of sluice's own backends.
 func Connect(spec Spec) (*Conn, error) {
 	if len(spec.Addrs) == 0 {
 		return nil, errors.New("spec: no Addrs")
@@ -77,7 +97,7 @@ func Connect(spec Spec) (*Conn, error) {
 			close:    func() { _ = c.Close() },
 		}
 		if spec.Backend == BackendRacy {
-			conn.Backend = racy{c, spec.Prefix}
+			conn.Backend = Racy{Client: c, Prefix: spec.Prefix}
 			conn.Settings = append(conn.Settings, "racy: GET, decide in Go, SET (not atomic: tests only)")
 			return conn, nil
 		}

@@ -177,3 +177,22 @@ func TestClientSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestCutLine: a Line is found after its prefix, even behind output that
+// did not end its line; any other output is not a Line.
+func TestCutLine(t *testing.T) {
+	for _, tt := range []struct {
+		text, other, line string
+		isLine            bool
+	}{
+		{LinePrefix + `{"Ready":true}`, "", `{"Ready":true}`, true},
+		{"PASS", "PASS", "", false},
+		{"no newline: " + LinePrefix + `{"Done":true}`, "no newline: ", `{"Done":true}`, true},
+		{`{"Done":true}`, `{"Done":true}`, "", false},
+	} {
+		other, line, isLine := cutLine([]byte(tt.text))
+		if string(other) != tt.other || string(line) != tt.line || isLine != tt.isLine {
+			t.Errorf("cutLine(%q) = %q, %q, %t; want %q, %q, %t", tt.text, other, line, isLine, tt.other, tt.line, tt.isLine)
+		}
+	}
+}

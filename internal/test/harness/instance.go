@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -29,18 +30,27 @@ func IsInstance() bool {
 	return ok
 }
 
+// A Connector builds the backend an instance decides with, from the
+// [Spec] the harness sent it, in the instance's own process: [Connect]
+// builds sluice's own (the instance program of internal/test/servers and
+// sluice-verify pass it), and testkit's two-instance check a test's own
+// backend, with the test's client and decorators ([NewConn]).
+type Connector func(spec Spec) (*Conn, error)
+
 // InstanceMain is the whole of an instance: one sluice client process of a
-// distributed run, started by [Start]. It never returns.
+// distributed run, started by [Start], that decides with the backend
+// connect builds. It never returns.
 //
-// It reads a [Spec] as one JSON line on stdin, connects to Redis and writes
+// It reads a [Spec] as one JSON line on stdin, connects and writes
 // {"Ready":true}; on the line "go" it runs the spec's goroutines, writing a
-// [Line] on stdout as each call starts and as it returns, then
-// {"Done":true}, and exits 0. At each of the spec's holds it writes
-// {"Held":true} and waits for another "go". If it cannot go on, it writes
-// {"Fatal":"why"} and exits 1.
-func InstanceMain() {
+// [Line] as each call starts and as it returns, then {"Done":true}, and
+// exits 0. At each of the spec's holds it writes {"Held":true} and waits
+// for another "go". If it cannot go on, it writes {"Fatal":"why"} and
+// exits 1. Each line goes to stdout after [LinePrefix], so that whatever
+// else the program writes there (a test binary's own lines) is told apart.
+func InstanceMain(connect Connector) {
 	var o out
-	if err := runInstance(&o); err != nil {
+	if err := runInstance(&o, connect); err != nil {
 		o.line(Line{Fatal: err.Error()})
 		os.Exit(1)
 	}
@@ -49,7 +59,8 @@ func InstanceMain() {
 }
 
 // out writes the lines the harness reads; each line in one write, so a kill
-// never leaves half a line.
+// never leaves half a line, and no other write on stdout splits one (a
+// pipe takes a write of up to 4KiB whole).
 type out struct {
 	mu sync.Mutex
 }
@@ -61,10 +72,10 @@ func (o *out) line(l Line) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	_, _ = os.Stdout.Write(append(b, '\n')) // a closed stdout means the harness is gone
+	_, _ = os.Stdout.Write(slices.Concat([]byte(LinePrefix), b, []byte{'\n'})) // a closed stdout means the harness is gone
 }
 
-func runInstance(o *out) error {
+func runInstance(o *out, connect Connector) error {
 	index, err := strconv.Atoi(os.Getenv(InstanceEnv))
 	if err != nil {
 		return fmt.Errorf("$%s, the instance's index: %w", InstanceEnv, err)
@@ -91,7 +102,7 @@ func runInstance(o *out) error {
 		spec.Timeout = 10 * time.Second
 	}
 
-	conn, err := Connect(spec)
+	conn, err := connect(spec)
 	if err != nil {
 		return err
 	}

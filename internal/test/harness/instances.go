@@ -54,7 +54,13 @@ type tail struct {
 	partial []byte // stderr written since its last newline
 }
 
+// maxTailLine is how much of a line the tail keeps.
+const maxTailLine = 4096
+
 func (tl *tail) add(line string) {
+	if len(line) > maxTailLine {
+		line = line[:maxTailLine] + "…"
+	}
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	tl.addLocked(line)
@@ -99,13 +105,17 @@ func (tl *tail) String() string {
 	return "  " + strings.Join(lines, "\n  ")
 }
 
-// Program is the program of a run's instances: Path, run with Args. It
-// must call [InstanceMain] when [IsInstance] says so, as the instance
-// program of internal/test/servers does, and as a command may of itself
-// (os.Executable).
+// Program is the program of a run's instances: Path, run with Args and
+// with Env added to the environment. It must call [InstanceMain] when
+// [IsInstance] says so, as the instance program of internal/test/servers
+// does, as a command may of itself (os.Executable), and as testkit's
+// check does in a test binary run again with -test.run naming the test.
 type Program struct {
 	Path string
 	Args []string
+	// Env are "KEY=value" strings set in each instance's environment,
+	// after this process's own.
+	Env []string
 }
 
 // instanceStartTimeout bounds the wait for every instance to connect.
@@ -153,7 +163,7 @@ func (in *Instances) start(prog Program, i int, spec Spec) error {
 	}
 	cmd := exec.Command(prog.Path, prog.Args...)
 	// A race-enabled program sleeps 1s before it exits unless told not to.
-	cmd.Env = append(os.Environ(), InstanceEnv+"="+strconv.Itoa(i), "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))
+	cmd.Env = slices.Concat(os.Environ(), prog.Env, []string{InstanceEnv + "=" + strconv.Itoa(i), "GORACE=atexit_sleep_ms=0 " + os.Getenv("GORACE")})
 	p := &instance{index: i, cmd: cmd, ready: make(chan error, 1), done: make(chan struct{})}
 	cmd.Stderr = io.MultiWriter(os.Stderr, &p.tail)
 	cmd.SysProcAttr = SysProcAttr()
@@ -186,12 +196,31 @@ func (in *Instances) read(p *instance, stdout io.Reader) {
 			p.ready <- err
 		}
 	}
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		p.tail.add("stdout: " + sc.Text())
+	r := bufio.NewReader(stdout)
+	for {
+		text, err := r.ReadBytes('\n')
+		if err != nil {
+			if len(text) > 0 {
+				p.tail.add("stdout: " + string(text))
+			}
+			if !errors.Is(err, io.EOF) {
+				in.fail(fmt.Errorf("instance %d: reading its output: %w", p.index, err))
+				// Drain the rest, so that the process never blocks on a full pipe.
+				_, _ = io.Copy(io.Discard, stdout)
+			}
+			break
+		}
+		other, lineJSON, isLine := cutLine(bytes.TrimSuffix(text, []byte{'\n'}))
+		if len(other) > 0 {
+			p.tail.add("stdout: " + string(other))
+		}
+		if !isLine {
+			continue
+		}
+		p.tail.add("stdout: " + string(lineJSON))
 		var line Line
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			in.fail(fmt.Errorf("instance %d wrote %q: %w", p.index, sc.Text(), err))
+		if err := json.Unmarshal(lineJSON, &line); err != nil {
+			in.fail(fmt.Errorf("instance %d wrote %q: %w", p.index, lineJSON, err))
 			continue
 		}
 		switch {
@@ -221,11 +250,6 @@ func (in *Instances) read(p *instance, stdout io.Reader) {
 			in.mu.Unlock()
 		}
 	}
-	if err := sc.Err(); err != nil {
-		in.fail(fmt.Errorf("instance %d: reading its output: %w", p.index, err))
-		// Drain the rest, so that the process never blocks on a full pipe.
-		_, _ = io.Copy(io.Discard, stdout)
-	}
 	err := p.cmd.Wait()
 	ready(fmt.Errorf("exited before it was ready: %v", err))
 	in.mu.Lock()
@@ -234,6 +258,17 @@ func (in *Instances) read(p *instance, stdout io.Reader) {
 	if !killed && (err != nil || !finished) {
 		in.fail(fmt.Errorf("instance %d ended without finishing: %v", p.index, err))
 	}
+}
+
+// cutLine splits a line of an instance's stdout into what the program
+// wrote besides, before [LinePrefix], and the JSON of the [Line] after it,
+// if there is one.
+func cutLine(text []byte) (other, line []byte, isLine bool) {
+	i := bytes.Index(text, []byte(LinePrefix))
+	if i < 0 {
+		return text, nil, false
+	}
+	return text[:i], text[i+len(LinePrefix):], true
 }
 
 // fail records an error for Wait to report.

@@ -12,9 +12,34 @@ import (
 // Keys returns the keys that start with prefix on every master c reaches,
 // by SCAN, up to limit of them (0: all).
 func Keys(ctx context.Context, c redis.UniversalClient, prefix string, limit int) ([]string, error) {
+	return keys(ctx, c, globEscaper.Replace(prefix)+"*", limit)
+}
+
+// KeysContaining returns the keys that contain s on every master c
+// reaches, by SCAN, up to limit of them (0: all).
+func KeysContaining(ctx context.Context, c redis.UniversalClient, s string, limit int) ([]string, error) {
+	return keys(ctx, c, "*"+globEscaper.Replace(s)+"*", limit)
+}
+
+// Clean deletes the keys that start with prefix on every master c
+// reaches, one UNLINK each (a cluster node's keys may lie in many slots),
+// and returns how many it deleted.
+func Clean(ctx context.Context, c redis.UniversalClient, prefix string) (int, error) {
+	return clean(ctx, c, globEscaper.Replace(prefix)+"*")
+}
+
+// CleanContaining deletes the keys that contain s on every master c
+// reaches, as [Clean] does, and returns how many it deleted.
+func CleanContaining(ctx context.Context, c redis.UniversalClient, s string) (int, error) {
+	return clean(ctx, c, "*"+globEscaper.Replace(s)+"*")
+}
+
+// keys returns the keys that match the SCAN pattern on every master c
+// reaches, up to limit of them (0: all).
+func keys(ctx context.Context, c redis.UniversalClient, pattern string, limit int) ([]string, error) {
 	var keys []string
 	err := forEachMaster(ctx, c, func(ctx context.Context, node *redis.Client) error {
-		return scan(ctx, node, prefix, func(key string) bool {
+		return scan(ctx, node, pattern, func(key string) bool {
 			if limit > 0 && len(keys) == limit {
 				return false
 			}
@@ -25,14 +50,13 @@ func Keys(ctx context.Context, c redis.UniversalClient, prefix string, limit int
 	return keys, err
 }
 
-// Clean deletes the keys that start with prefix on every master c
-// reaches, one UNLINK each (a cluster node's keys may lie in many slots),
-// and returns how many it deleted.
-func Clean(ctx context.Context, c redis.UniversalClient, prefix string) (int, error) {
+// clean deletes the keys that match the SCAN pattern on every master c
+// reaches, and returns how many it deleted.
+func clean(ctx context.Context, c redis.UniversalClient, pattern string) (int, error) {
 	var deleted int
 	err := forEachMaster(ctx, c, func(ctx context.Context, node *redis.Client) error {
 		pipe := node.Pipeline()
-		if err := scan(ctx, node, prefix, func(key string) bool {
+		if err := scan(ctx, node, pattern, func(key string) bool {
 			pipe.Unlink(ctx, key)
 			return true
 		}); err != nil {
@@ -53,10 +77,10 @@ func Clean(ctx context.Context, c redis.UniversalClient, prefix string) (int, er
 	return deleted, err
 }
 
-// scan calls each with the keys that start with prefix on node, by SCAN,
-// until each returns false.
-func scan(ctx context.Context, node *redis.Client, prefix string, each func(key string) bool) error {
-	iter := node.Scan(ctx, 0, globEscaper.Replace(prefix)+"*", 1000).Iterator()
+// scan calls each with the keys that match the SCAN pattern on node, until
+// each returns false.
+func scan(ctx context.Context, node *redis.Client, pattern string, each func(key string) bool) error {
+	iter := node.Scan(ctx, 0, pattern, 1000).Iterator()
 	for iter.Next(ctx) {
 		if !each(iter.Val()) {
 			return nil

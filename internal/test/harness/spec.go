@@ -181,10 +181,11 @@ func (c Call) Unknown() bool { return c.Err != "" && !c.Refused }
 // reported, because it died; End is then 0.
 const ErrUnreported = "unreported: the instance died during the call"
 
-// Line is one line, in JSON, that an instance writes on stdout: Ready once
-// connected; then for each call, Started (Instance, Goroutine, Attempt and
-// Start) just before it and Call as it returns, with Held at each of the
-// spec's holds; then Done. Or Fatal when it gives up.
+// Line is one line, in JSON after [LinePrefix], that an instance writes on
+// stdout: Ready once connected; then for each call, Started (Instance,
+// Goroutine, Attempt and Start) just before it and Call as it returns,
+// with Held at each of the spec's holds; then Done. Or Fatal when it gives
+// up.
 type Line struct {
 	Ready   bool   `json:",omitempty"`
 	Held    bool   `json:",omitempty"`
@@ -193,6 +194,14 @@ type Line struct {
 	Started *Call  `json:",omitempty"`
 	Call    *Call  `json:",omitempty"`
 }
+
+// LinePrefix starts each [Line] on an instance's stdout. What the program
+// writes there besides (a test binary's "PASS", a test's own prints) is
+// not a Line, and only shows among the instance's last lines when it
+// fails; a Line written after output that did not end its line is found
+// where the prefix starts. JSON escapes the prefix's first byte, the ASCII
+// record separator, so no Line holds it.
+const LinePrefix = "\x1esluice-harness "
 
 // GoLine is the line the harness writes on an instance's stdin, after the
 // spec, to release it, and again to release each of its holds.

@@ -5,4 +5,4 @@ package main
 
 import "github.com/sluicehq/sluice/internal/test/harness"
 
-func main() { harness.InstanceMain() }
+func main() { harness.InstanceMain(harness.Connect) }
