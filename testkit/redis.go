@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
 	"github.com/testcontainers/testcontainers-go"
 	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
 	"github.com/testcontainers/testcontainers-go/wait"
@@ -153,6 +154,9 @@ func startOnHost(t testing.TB, ready string, nports int, cmd func(ports []int) [
 		c, err := testcontainers.Run(ctx, image(EnvRedisImage, DefaultRedisImage),
 			testcontainers.WithCmd(cmd(ports)...),
 			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) { hc.NetworkMode = "host" }),
+			// Podman refuses host networking beside the network
+			// testcontainers-go attaches by default.
+			testcontainers.WithEndpointSettingsModifier(func(m map[string]*network.EndpointSettings) { clear(m) }),
 			testcontainers.WithWaitStrategy(wait.ForLog(ready)),
 		)
 		testcontainers.CleanupContainer(t, c)
