@@ -2,7 +2,11 @@ package testkit
 
 import (
 	"net"
+	"net/netip"
+	"os"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/moby/moby/api/types/container"
@@ -67,33 +71,111 @@ type Cluster struct {
 // Addrs returns the masters' host:port addresses.
 func (c *Cluster) Addrs() []string { return c.addrs }
 
+// EnvClusterLayout chooses how [StartCluster] runs its nodes in
+// containers: "host", a container each on the host's network, or
+// "single", one container holding the three nodes, each on a port
+// published as the same port of the host's 127.0.0.1. Unset, host on
+// Linux, where the engine shares the test's network, and single elsewhere
+// (Docker Desktop's engine runs in a VM).
+const EnvClusterLayout = "SLUICE_TESTKIT_CLUSTER"
+
 // StartCluster starts a Redis Cluster of three masters on free 127.0.0.1
 // ports and returns once every node reports cluster_state:ok and maps all
 // slots to their owners, so a client sees neither CLUSTERDOWN nor a stale
-// MOVED; t.Cleanup removes the nodes. In containers the nodes use the
-// host's network.
+// MOVED; t.Cleanup removes the nodes. In containers the nodes announce
+// 127.0.0.1 and the ports the test dials: see [EnvClusterLayout].
 func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	return startCluster(t, os.Getenv(EnvClusterLayout))
+}
+
+// startCluster is StartCluster with the containers' layout given.
+func startCluster(t testing.TB, layout string) *Cluster {
 	t.Helper()
 	if ModeOf(t) == Binaries {
 		return &Cluster{addrs: servers.StartCluster(t).Addrs()}
 	}
-	ports, busPorts := make([]int, 3), make([]int, 3)
+	var ports, busPorts []int
+	switch {
+	case layout == "host" || layout == "" && runtime.GOOS == "linux":
+		for range 3 {
+			p, bp := startOnHost(t, redisReady, 2, func(p []int) []string {
+				return append([]string{"redis-server"}, clusterNodeArgs(p[0], p[1], "127.0.0.1")...)
+			})
+			ports, busPorts = append(ports, p), append(busPorts, bp)
+		}
+	case layout == "single" || layout == "":
+		ports, busPorts = startSingleCluster(t)
+	default:
+		t.Fatalf("testkit: %s=%q: want host or single (or unset)", EnvClusterLayout, layout)
+	}
 	c := &Cluster{}
-	for i := range ports {
-		ports[i], busPorts[i] = startOnHost(t, redisReady, 2, func(p []int) []string {
-			return []string{
-				"redis-server", "--port", strconv.Itoa(p[0]), "--bind", "127.0.0.1",
-				"--protected-mode", "no", "--save", "", "--appendonly", "no",
-				"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(p[1]),
-				"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "10000",
-			}
-		})
-		c.addrs = append(c.addrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i])))
+	for _, p := range ports {
+		c.addrs = append(c.addrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 	}
 	if err := servers.FormCluster(ports, busPorts); err != nil {
 		t.Fatalf("testkit: form a cluster of the containers at %v: %v", c.addrs, err)
 	}
 	return c
+}
+
+// clusterNodeArgs are the options of a cluster node on port, with its
+// cluster bus on busPort, listening on bind and announcing 127.0.0.1.
+func clusterNodeArgs(port, busPort int, bind string) []string {
+	p := strconv.Itoa(port)
+	return []string{
+		"--port", p, "--bind", bind, "--protected-mode", "no",
+		"--save", "", "--appendonly", "no",
+		"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(busPort),
+		"--cluster-config-file", "nodes-" + p + ".conf", "--cluster-node-timeout", "10000",
+		"--cluster-announce-ip", "127.0.0.1",
+	}
+}
+
+// startSingleCluster starts one container of the Redis image holding three
+// cluster nodes, each on a free port of the host's 127.0.0.1 published as
+// the same port, so that the addresses the nodes announce are the ones
+// the test dials; their cluster buses stay inside the container. It
+// retries with fresh ports while the container does not come up, and
+// returns the nodes' ports and bus ports. t.Cleanup removes it.
+func startSingleCluster(t testing.TB) (ports, busPorts []int) {
+	t.Helper()
+	ctx, cancel := startContext(t)
+	defer cancel()
+	var last error
+	for range hostAttempts {
+		free := servers.FreePorts(t, 6)
+		ports, busPorts = free[:3], free[3:]
+		var script []string
+		bindings := network.PortMap{}
+		var exposed []string
+		for i, p := range ports {
+			args := clusterNodeArgs(p, busPorts[i], "0.0.0.0")
+			line := "redis-server '" + strings.Join(args, "' '") + "'"
+			if i < len(ports)-1 {
+				line += " &"
+			} else {
+				line = "exec " + line
+			}
+			script = append(script, line)
+			port := strconv.Itoa(p) + "/tcp"
+			exposed = append(exposed, port)
+			bindings[network.MustParsePort(port)] = []network.PortBinding{{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: strconv.Itoa(p)}}
+		}
+		c, err := testcontainers.Run(ctx, image(EnvRedisImage, DefaultRedisImage),
+			testcontainers.WithCmd("sh", "-c", strings.Join(script, "\n")),
+			testcontainers.WithExposedPorts(exposed...),
+			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) { hc.PortBindings = bindings }),
+			testcontainers.WithWaitStrategy(wait.ForLog(redisReady).WithOccurrence(len(ports))),
+		)
+		testcontainers.CleanupContainer(t, c)
+		if err == nil {
+			return ports, busPorts
+		}
+		last = err
+	}
+	t.Fatalf("testkit: start a Redis Cluster container (%d attempts): %v", hostAttempts, last)
+	return nil, nil
 }
 
 // Sentinel is a Sentinel and the standalone server it monitors as

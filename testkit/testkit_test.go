@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -37,11 +38,27 @@ func TestStartRedis(t *testing.T) {
 }
 
 // TestStartCluster: three masters, each serving keys of its slots, and
-// cluster_state:ok on every one.
+// cluster_state:ok on every one; in containers, in each layout this
+// platform can run.
 func TestStartCluster(t *testing.T) {
 	t.Parallel()
+	layouts := []string{""}
+	if ModeOf(t) == Containers {
+		layouts = []string{"single"}
+		if runtime.GOOS == "linux" {
+			layouts = append(layouts, "host")
+		}
+	}
+	for _, layout := range layouts {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			testCluster(t, startCluster(t, layout))
+		})
+	}
+}
+
+func testCluster(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	c := StartCluster(t)
 	if len(c.Addrs()) != 3 {
 		t.Fatalf("Addrs() = %v; want 3 masters", c.Addrs())
 	}
