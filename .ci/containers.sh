@@ -199,17 +199,28 @@ podman_start() {
 		</dev/null >"$state/podman-service.log" 2>&1 9>&- &
 	echo $! >"$state/podman.pid"
 	echo "$conf_sum" >"$state/podman.conf.sum"
-	for i in $(seq 300); do
-		ping "$podman_sock" && break
-		alive "$state/podman.pid" 'podman.*system service' || break
+	await_api "podman API" "$podman_sock" "$state/podman.pid" 300 "$state/podman-service.log" "$t"
+}
+
+# await_api NAME SOCKET PIDFILE TRIES LOG START waits, TRIES times 0.1s at
+# most, until the API on SOCKET answers, giving up early when the process
+# in PIDFILE has exited (its command line is not matched: the child may
+# not have exec'd the engine yet); it fails with LOG's tail when the API
+# never answered.
+await_api() {
+	local name=$1 sock=$2 pidfile=$3 tries=$4 logfile=$5 start=$6 i pid
+	pid=$(cat "$pidfile")
+	for i in $(seq "$tries"); do
+		ping "$sock" && break
+		kill -0 "$pid" 2>/dev/null || break
 		sleep 0.1
 	done
-	if ! ping "$podman_sock"; then
-		log "podman API did not answer; its log:"
-		tail -n 20 "$state/podman-service.log" >&2 || true
+	if ! ping "$sock"; then
+		log "$name did not answer; its log:"
+		tail -n 20 "$logfile" >&2 || true
 		return 1
 	fi
-	log "podman API answers after $(since "$t")s"
+	log "$name answers after $(since "$start")s"
 }
 
 # podman_network: testcontainers puts every container on the network
@@ -284,17 +295,7 @@ docker_start() {
 	setsid dockerd --host "unix://$docker_sock" --pidfile "$state/dockerd.pid.own" \
 		</dev/null >"$state/dockerd.log" 2>&1 9>&- &
 	echo $! >"$state/dockerd.pid"
-	for i in $(seq 600); do
-		ping "$docker_sock" && break
-		alive "$state/dockerd.pid" dockerd || break
-		sleep 0.1
-	done
-	if ! ping "$docker_sock"; then
-		log "dockerd did not answer; its log:"
-		tail -n 20 "$state/dockerd.log" >&2 || true
-		return 1
-	fi
-	log "dockerd answers after $(since "$t")s"
+	await_api dockerd "$docker_sock" "$state/dockerd.pid" 600 "$state/dockerd.log" "$t"
 }
 
 docker_down() {

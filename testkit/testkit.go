@@ -143,8 +143,8 @@ func image(env, def string) string {
 	return def
 }
 
-// startContext is the context a container starts in: t's, for Go 1.24's
-// t.Context, bounded by startTimeout.
+// startContext is the context a container starts in: t.Context, which
+// ends with the test, bounded by startTimeout.
 func startContext(t testing.TB) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(t.Context(), startTimeout)
 }
