@@ -22,9 +22,8 @@ import (
 // knows its master.
 const SentinelMaster = servers.SentinelMaster
 
-// hostAttempts bounds the retries of a container on the host's network
-// with fresh ports: a port found free may be taken before the server binds
-// it.
+// hostAttempts bounds the retries of a container on free host ports with
+// fresh ports: a port found free may be taken before the server binds it.
 const hostAttempts = 5
 
 // Redis is a standalone Redis server of one test.
@@ -99,10 +98,10 @@ func startCluster(t testing.TB, layout string) *Cluster {
 	switch {
 	case layout == "host" || layout == "" && runtime.GOOS == "linux":
 		for range 3 {
-			p, bp := startOnHost(t, redisReady, 2, func(p []int) []string {
+			p := startOnHost(t, redisReady, 2, func(p []int) []string {
 				return append([]string{"redis-server"}, clusterNodeArgs(p[0], p[1], "127.0.0.1")...)
 			})
-			ports, busPorts = append(ports, p), append(busPorts, bp)
+			ports, busPorts = append(ports, p[0]), append(busPorts, p[1])
 		}
 	case layout == "single" || layout == "":
 		ports, busPorts = startSingleCluster(t)
@@ -119,17 +118,20 @@ func startCluster(t testing.TB, layout string) *Cluster {
 	return c
 }
 
+// serverArgs are the options of a server on port that persists nothing,
+// listening on bind and answering any client there.
+func serverArgs(port int, bind string) []string {
+	return []string{"--port", strconv.Itoa(port), "--bind", bind, "--protected-mode", "no", "--save", "", "--appendonly", "no"}
+}
+
 // clusterNodeArgs are the options of a cluster node on port, with its
 // cluster bus on busPort, listening on bind and announcing 127.0.0.1.
 func clusterNodeArgs(port, busPort int, bind string) []string {
-	p := strconv.Itoa(port)
-	return []string{
-		"--port", p, "--bind", bind, "--protected-mode", "no",
-		"--save", "", "--appendonly", "no",
+	return append(serverArgs(port, bind),
 		"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(busPort),
-		"--cluster-config-file", "nodes-" + p + ".conf", "--cluster-node-timeout", "10000",
+		"--cluster-config-file", "nodes-"+strconv.Itoa(port)+".conf", "--cluster-node-timeout", "10000",
 		"--cluster-announce-ip", "127.0.0.1",
-	}
+	)
 }
 
 // startSingleCluster starts one container of the Redis image holding three
@@ -140,18 +142,12 @@ func clusterNodeArgs(port, busPort int, bind string) []string {
 // returns the nodes' ports and bus ports. t.Cleanup removes it.
 func startSingleCluster(t testing.TB) (ports, busPorts []int) {
 	t.Helper()
-	ctx, cancel := startContext(t)
-	defer cancel()
-	var last error
-	for range hostAttempts {
-		free := servers.FreePorts(t, 6)
-		ports, busPorts = free[:3], free[3:]
-		var script []string
+	free := runRetrying(t, "a Redis Cluster container", 6, func(free []int) []testcontainers.ContainerCustomizer {
+		ports, busPorts := free[:3], free[3:]
+		var script, exposed []string
 		bindings := network.PortMap{}
-		var exposed []string
 		for i, p := range ports {
-			args := clusterNodeArgs(p, busPorts[i], "0.0.0.0")
-			line := "redis-server '" + strings.Join(args, "' '") + "'"
+			line := "redis-server '" + strings.Join(clusterNodeArgs(p, busPorts[i], "0.0.0.0"), "' '") + "'"
 			if i < len(ports)-1 {
 				line += " &"
 			} else {
@@ -162,20 +158,14 @@ func startSingleCluster(t testing.TB) (ports, busPorts []int) {
 			exposed = append(exposed, port)
 			bindings[network.MustParsePort(port)] = []network.PortBinding{{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: strconv.Itoa(p)}}
 		}
-		c, err := testcontainers.Run(ctx, image(EnvRedisImage, DefaultRedisImage),
+		return []testcontainers.ContainerCustomizer{
 			testcontainers.WithCmd("sh", "-c", strings.Join(script, "\n")),
 			testcontainers.WithExposedPorts(exposed...),
 			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) { hc.PortBindings = bindings }),
 			testcontainers.WithWaitStrategy(wait.ForLog(redisReady).WithOccurrence(len(ports))),
-		)
-		testcontainers.CleanupContainer(t, c)
-		if err == nil {
-			return ports, busPorts
 		}
-		last = err
-	}
-	t.Fatalf("testkit: start a Redis Cluster container (%d attempts): %v", hostAttempts, last)
-	return nil, nil
+	})
+	return free[:3], free[3:]
 }
 
 // Sentinel is a Sentinel and the standalone server it monitors as
@@ -202,17 +192,16 @@ func StartSentinel(t testing.TB) *Sentinel {
 		master := servers.StartRedis(t)
 		return &Sentinel{addr: servers.StartSentinel(t, master.Addr()).Addr(), master: &Redis{addr: master.Addr()}}
 	}
-	mp, _ := startOnHost(t, redisReady, 1, func(p []int) []string {
-		return []string{"redis-server", "--port", strconv.Itoa(p[0]), "--bind", "127.0.0.1",
-			"--protected-mode", "no", "--save", "", "--appendonly", "no"}
+	mp := startOnHost(t, redisReady, 1, func(p []int) []string {
+		return append([]string{"redis-server"}, serverArgs(p[0], "127.0.0.1")...)
 	})
-	master := &Redis{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mp))}
+	master := &Redis{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mp[0]))}
 	conf := servers.SentinelConfig(master.addr)
-	sp, _ := startOnHost(t, sentinelReady, 1, func(p []int) []string {
+	sp := startOnHost(t, sentinelReady, 1, func(p []int) []string {
 		return []string{"sh", "-c", `printf '%s' "$1" > /tmp/sentinel.conf && exec redis-server /tmp/sentinel.conf --sentinel --port "$2" --bind 127.0.0.1 --protected-mode no`,
 			"sentinel", conf, strconv.Itoa(p[0])}
 	})
-	return &Sentinel{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(sp)), master: master}
+	return &Sentinel{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(sp[0])), master: master}
 }
 
 // What a server and a Sentinel log once they serve.
@@ -222,31 +211,41 @@ const (
 )
 
 // startOnHost starts a container of the Redis image on the host's network
-// with the command cmd gives for nports free ports, and waits until it
-// logs ready; it retries with fresh ports while the server does not come
-// up, and returns the first two ports (the second 0 when nports is 1).
-// t.Cleanup removes it.
-func startOnHost(t testing.TB, ready string, nports int, cmd func(ports []int) []string) (int, int) {
+// with the command cmd gives for nports free ports, waits until it logs
+// ready, and returns the ports. t.Cleanup removes it.
+func startOnHost(t testing.TB, ready string, nports int, cmd func(ports []int) []string) []int {
 	t.Helper()
-	ctx, cancel := startContext(t)
-	defer cancel()
-	var last error
-	for range hostAttempts {
-		ports := append(servers.FreePorts(t, nports), 0)
-		c, err := testcontainers.Run(ctx, image(EnvRedisImage, DefaultRedisImage),
+	return runRetrying(t, "a Redis container on the host's network", nports, func(ports []int) []testcontainers.ContainerCustomizer {
+		return []testcontainers.ContainerCustomizer{
 			testcontainers.WithCmd(cmd(ports)...),
 			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) { hc.NetworkMode = "host" }),
 			// Podman refuses host networking beside the network
 			// testcontainers-go attaches by default.
 			testcontainers.WithEndpointSettingsModifier(func(m map[string]*network.EndpointSettings) { clear(m) }),
 			testcontainers.WithWaitStrategy(wait.ForLog(ready)),
-		)
+		}
+	})
+}
+
+// runRetrying starts a container of the Redis image with the options opts
+// gives for nports free 127.0.0.1 ports, retrying with fresh ports while
+// it does not come up (a port found free may be taken before the server
+// binds it), and returns the ports; what names the container in the
+// failure. t.Cleanup removes it.
+func runRetrying(t testing.TB, what string, nports int, opts func(ports []int) []testcontainers.ContainerCustomizer) []int {
+	t.Helper()
+	ctx, cancel := startContext(t)
+	defer cancel()
+	var last error
+	for range hostAttempts {
+		ports := servers.FreePorts(t, nports)
+		c, err := testcontainers.Run(ctx, image(EnvRedisImage, DefaultRedisImage), opts(ports)...)
 		testcontainers.CleanupContainer(t, c)
 		if err == nil {
-			return ports[0], ports[1]
+			return ports
 		}
 		last = err
 	}
-	t.Fatalf("testkit: start a Redis container on the host's network (%d attempts): %v", hostAttempts, last)
-	return 0, 0
+	t.Fatalf("testkit: start %s (%d attempts): %v", what, hostAttempts, last)
+	return nil
 }

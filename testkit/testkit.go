@@ -24,10 +24,10 @@
 // The images are the official ones, [DefaultRedisImage] and
 // [DefaultPostgresImage], unless $SLUICE_REDIS_IMAGE or
 // $SLUICE_POSTGRES_IMAGE names others (an image of your registry's mirror,
-// or one built locally). The cluster's nodes and the Sentinel use the host's
-// network, on free 127.0.0.1 ports, so that the addresses the nodes
-// announce are the ones the test dials: that needs an engine on the test's
-// own Linux host (not Docker Desktop's VM).
+// or one built locally). A cluster's nodes announce 127.0.0.1 and the ports
+// the test dials, in one of two layouts ([EnvClusterLayout]); the Sentinel
+// and its master use the host's network, which needs an engine on the
+// test's own Linux host (not Docker Desktop's VM).
 //
 // # Clean-up
 //
