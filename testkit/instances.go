@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/backend/redischeck"
+	"github.com/sluicehq/sluice/internal/redisconn"
 	"github.com/sluicehq/sluice/internal/test/harness"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -139,7 +140,7 @@ func CheckInstances(t testing.TB, c InstanceCheck) {
 	ch := &instanceRuns{
 		c:      c,
 		prog:   harness.Program{Path: self, Args: instanceArgs(t.Name()), Env: []string{EnvInstance + "=" + id}},
-		server: harness.Server{Addrs: addrs, Cluster: len(addrs) > 1},
+		server: harness.Server{Server: redisconn.Server{Addrs: addrs, Cluster: len(addrs) > 1}},
 	}
 	rep, err := ch.check(t.Context(), runs)
 	if err != nil {

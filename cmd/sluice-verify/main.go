@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/redisconn"
 	"github.com/sluicehq/sluice/internal/test/harness"
 )
 
@@ -101,7 +102,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		redisAddr, cluster, sentinel string
 		buckets, adapters            string
 		useTLS                       bool
-		tlsOpts                      harness.TLS
+		tlsOpts                      redisconn.TLS
 		racy                         bool
 	)
 	fs := flag.NewFlagSet("sluice-verify", flag.ContinueOnError)
@@ -201,7 +202,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if slices.Contains(o.server.Addrs, "") {
 		return fail("an empty address in the list")
 	}
-	if useTLS || tlsOpts != (harness.TLS{}) {
+	if useTLS || tlsOpts != (redisconn.TLS{}) {
 		o.server.TLS = &tlsOpts
 	}
 	switch {

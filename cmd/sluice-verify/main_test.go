@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice/internal/redisconn"
 	"github.com/sluicehq/sluice/internal/test/harness"
 	"github.com/sluicehq/sluice/internal/test/servers"
 )
@@ -51,9 +52,9 @@ func verifiedJSON(t *testing.T, args ...string) (int, report) {
 
 // client returns a go-redis client of s for the test's own looks at the
 // server.
-func client(t *testing.T, s harness.Server) redis.UniversalClient {
+func client(t *testing.T, s redisconn.Server) redis.UniversalClient {
 	t.Helper()
-	c, err := harness.NewGoRedis(s)
+	c, _, err := redisconn.GoRedis(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,20 +102,20 @@ func TestVerifyIntegration(t *testing.T) {
 	}
 	topologies := []struct {
 		name  string
-		start func(t *testing.T) (harness.Server, []string)
+		start func(t *testing.T) (redisconn.Server, []string)
 	}{
-		{"Standalone", func(t *testing.T) (harness.Server, []string) {
+		{"Standalone", func(t *testing.T) (redisconn.Server, []string) {
 			addr := servers.StartRedis(t).Addr()
-			return harness.Server{Addrs: []string{addr}}, []string{"--redis", addr}
+			return redisconn.Server{Addrs: []string{addr}}, []string{"--redis", addr}
 		}},
-		{"Cluster", func(t *testing.T) (harness.Server, []string) {
+		{"Cluster", func(t *testing.T) (redisconn.Server, []string) {
 			addrs := servers.StartCluster(t).Addrs()
-			return harness.Server{Addrs: addrs, Cluster: true}, []string{"--cluster", strings.Join(addrs, ",")}
+			return redisconn.Server{Addrs: addrs, Cluster: true}, []string{"--cluster", strings.Join(addrs, ",")}
 		}},
-		{"Sentinel", func(t *testing.T) (harness.Server, []string) {
+		{"Sentinel", func(t *testing.T) (redisconn.Server, []string) {
 			master := servers.StartRedis(t)
 			sentinel := servers.StartSentinel(t, master.Addr()).Addr()
-			return harness.Server{Addrs: []string{sentinel}, Sentinel: servers.SentinelMaster},
+			return redisconn.Server{Addrs: []string{sentinel}, Sentinel: servers.SentinelMaster},
 				[]string{"--sentinel", sentinel, "--master", servers.SentinelMaster}
 		}},
 	}
@@ -205,7 +206,7 @@ func TestVerifyCatchesRacyStore(t *testing.T) {
 	}
 	t.Parallel()
 	addr := servers.StartRedis(t).Addr()
-	c := client(t, harness.Server{Addrs: []string{addr}})
+	c := client(t, redisconn.Server{Addrs: []string{addr}})
 	for attempt := range 3 {
 		code, rep := verifiedJSON(t, "--redis", addr, "--test-racy-store", "--buckets", "TokenBucket")
 		checkClean(t, c, rep.Prefix, "")
@@ -251,7 +252,7 @@ func TestVerifyReportsUnknownTokens(t *testing.T) {
 func TestVerifyRefusesUsedPrefix(t *testing.T) {
 	t.Parallel()
 	addr := servers.StartRedis(t).Addr()
-	c := client(t, harness.Server{Addrs: []string{addr}})
+	c := client(t, redisconn.Server{Addrs: []string{addr}})
 	setOther(t, c, "mine:[x]*")
 	code, stdout, stderr := verified(t, "--redis", addr, "--prefix", "mine:[x]")
 	if code != exitCannot || stdout != "" || !strings.Contains(stderr, `refusing to run: the server already holds keys under the prefix "mine:[x]" (mine:[x]*)`) {
@@ -272,7 +273,7 @@ func TestVerifyPrefixIsLiteral(t *testing.T) {
 	}
 	t.Parallel()
 	addr := servers.StartRedis(t).Addr()
-	c := client(t, harness.Server{Addrs: []string{addr}})
+	c := client(t, redisconn.Server{Addrs: []string{addr}})
 	setOther(t, c, "v1:{x}")
 	code, rep := verifiedJSON(t, "--redis", addr, "--prefix", "v?:", "--buckets", "GCRA", "--adapters", "rueidis", "--calls", "200", "--capacity", "50")
 	if code != exitOK || rep.KeysDeleted != 1 || rep.KeysLeft != 0 {

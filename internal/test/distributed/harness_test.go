@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
+	"github.com/sluicehq/sluice/internal/redisconn"
 	"github.com/sluicehq/sluice/internal/test/harness"
 	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -49,7 +50,7 @@ func standalone(t *testing.T) topology {
 
 // server is where top's Redis is, for a spec.
 func (top topology) server() harness.Server {
-	return harness.Server{Addrs: top.addrs, Cluster: top.cluster}
+	return harness.Server{Server: redisconn.Server{Addrs: top.addrs, Cluster: top.cluster}}
 }
 
 // cluster is a new 3-master cluster.

@@ -1,12 +1,11 @@
 package harness
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/redisconn"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -107,27 +106,18 @@ func TestGlobEscaper(t *testing.T) {
 	}
 }
 
-// TestConnectRejects: a spec Connect cannot build a client of says why,
-// naming the field, before it sends anything.
+// TestConnectRejects: a spec Connect cannot build a backend of says why,
+// naming the field, before it sends anything: redisconn's reasons for the
+// Server, on either client, and its own for the Backend.
 func TestConnectRejects(t *testing.T) {
-	dir := t.TempDir()
-	notPEM := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	addrs := []string{"127.0.0.1:1"}
 	tests := []struct {
 		name string
 		spec Spec
 		want string
 	}{
-		{"NoAddrs", Spec{Backend: BackendGoRedis}, "no Addrs"},
-		{"ClusterAndSentinel", Spec{Backend: BackendGoRedis, Server: Server{Addrs: addrs, Cluster: true, Sentinel: "m"}}, "Cluster and Sentinel both set"},
-		{"Backend", Spec{Backend: "memcached", Server: Server{Addrs: addrs}}, `Backend "memcached"`},
-		{"CAFileMissing", Spec{Backend: BackendRueidis, Server: Server{Addrs: addrs, TLS: &TLS{CAFile: filepath.Join(dir, "none.pem")}}}, "TLS CAFile"},
-		{"CAFileNotPEM", Spec{Backend: BackendGoRedis, Server: Server{Addrs: addrs, TLS: &TLS{CAFile: notPEM}}}, "no PEM certificate"},
-		{"CertWithoutKey", Spec{Backend: BackendGoRedis, Server: Server{Addrs: addrs, TLS: &TLS{CertFile: notPEM}}}, "give both or neither"},
-		{"BadKeyPair", Spec{Backend: BackendGoRedis, Server: Server{Addrs: addrs, TLS: &TLS{CertFile: notPEM, KeyFile: notPEM}}}, "TLS CertFile and KeyFile"},
+		{"NoAddrsGoRedis", Spec{Backend: BackendGoRedis}, "no Addrs"},
+		{"NoAddrsRueidis", Spec{Backend: BackendRueidis}, "no Addrs"},
+		{"Backend", Spec{Backend: "memcached", Server: Server{Server: redisconn.Server{Addrs: []string{"127.0.0.1:1"}}}}, `Backend "memcached"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -142,39 +132,26 @@ func TestConnectRejects(t *testing.T) {
 	}
 }
 
-// TestClientSettings: the settings in words are the ones the client was
-// built with, go-redis's defaults filled in.
-func TestClientSettings(t *testing.T) {
-	addrs := []string{"127.0.0.1:1"}
-	tests := []struct {
-		name string
-		spec Spec
-		want string
+// TestConnectSettings: a Conn's settings are its client's, as redisconn
+// words them, and the racy backend says what it is.
+func TestConnectSettings(t *testing.T) {
+	s := Server{Server: redisconn.Server{Addrs: []string{"127.0.0.1:1"}}}
+	for _, tt := range []struct {
+		backend string
+		want    string
 	}{
-		{"Advised", Spec{Backend: BackendGoRedis, Server: Server{Addrs: addrs}}, "go-redis client: MaxRetries 0, ContextTimeoutEnabled true"},
-		{"Defaults", Spec{Backend: BackendGoRedis, Server: Server{Addrs: addrs, Retries: 3, NoContextTimeout: true}}, "go-redis client: MaxRetries 3, ContextTimeoutEnabled false"},
-		{"LowLatencyCluster", Spec{Backend: BackendGoRedis, Server: Server{Addrs: addrs, Cluster: true, LowLatency: true}}, "MaxRedirects 0"},
-		{"Sentinel", Spec{Backend: BackendRueidis, Server: Server{Addrs: addrs, Sentinel: "m"}}, "rueidis Sentinel client: DisableRetry true, ConnWriteTimeout 10s, Dialer.Timeout 5s"},
-		{"RueidisRetries", Spec{Backend: BackendRueidis, Server: Server{Addrs: addrs, Retries: 1}}, "rueidis client: DisableRetry false"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var settings []string
-			if tt.spec.Backend == BackendRueidis {
-				// rueidis dials in NewClient, and nothing listens on port 1.
-				_, settings = rueidisOption(tt.spec.Server, nil)
-			} else {
-				c, err := Connect(tt.spec)
-				if err != nil {
-					t.Fatal(err)
-				}
-				settings = c.Settings
-				c.Close()
-			}
-			if got := strings.Join(settings, "; "); !strings.Contains(got, tt.want) {
-				t.Errorf("settings %q; want %q", got, tt.want)
-			}
-		})
+		{BackendGoRedis, "go-redis client: MaxRetries 0, ContextTimeoutEnabled true"},
+		{BackendRacy, "go-redis client: MaxRetries 0, ContextTimeoutEnabled true"},
+		{BackendRacy, "racy: GET, decide in Go, SET (not atomic: tests only)"},
+	} {
+		c, err := Connect(Spec{Backend: tt.backend, Server: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(c.Settings, "; "); !strings.Contains(got, tt.want) {
+			t.Errorf("%s: settings %q; want %q", tt.backend, got, tt.want)
+		}
+		c.Close()
 	}
 }
 

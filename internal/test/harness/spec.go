@@ -3,6 +3,7 @@ package harness
 import (
 	"time"
 
+	"github.com/sluicehq/sluice/internal/redisconn"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -64,60 +65,17 @@ type Spec struct {
 	Holds []Hold
 }
 
-// Server says where a run's Redis is and how a client reaches it: the
-// settings go-redis and rueidis both take. Its zero value but Addrs is a
-// plain connection to a standalone server with the client settings
-// sluice's docs recommend.
+// Server says where a run's Redis is and how a client reaches it (the
+// [redisconn.Server] every client of the run is built of), and the key
+// prefix of the run's backend.
 type Server struct {
-	// Addrs is the standalone server's address, the cluster's nodes, or
-	// the Sentinels.
-	Addrs []string
-	// Cluster says that Addrs are the nodes of a Redis Cluster.
-	Cluster bool
-	// Sentinel, if set, says that Addrs are Sentinels, which know the
-	// master under this name.
-	Sentinel string
+	// Server is where Redis is and how a client reaches it; its zero
+	// value but Addrs is a plain connection to a standalone server with
+	// the client settings sluice's docs recommend.
+	redisconn.Server
 	// Prefix is the backend's key prefix (WithPrefix): every key a run
 	// makes starts with it.
 	Prefix string
-	// DB is the database number SELECTed on a standalone or Sentinel
-	// master (a cluster has only 0).
-	DB int
-	// Username and Password authenticate to the servers (AUTH); empty
-	// means none.
-	Username, Password string
-	// SentinelUsername and SentinelPassword authenticate to the
-	// Sentinels.
-	SentinelUsername, SentinelPassword string
-	// TLS, if set, connects with TLS.
-	TLS *TLS
-	// Retries is how often a client may send a command again after a
-	// network error: go-redis's MaxRetries, where 0 here is its -1 (none,
-	// as the backend's docs advise) and go-redis's own default is 3; on
-	// rueidis, more than 0 leaves DisableRetry off, as rueidis's default
-	// does.
-	Retries int
-	// NoContextTimeout leaves go-redis's ContextTimeoutEnabled off, as its
-	// default does, so that a call's deadline does not reach the socket.
-	NoContextTimeout bool
-	// LowLatency builds the client with the backend's LowLatency helper,
-	// as docs/operations.md tells a user to, after the settings above.
-	LowLatency bool
-}
-
-// TLS is the TLS setup of a [Server], as the client's tls.Config gets it.
-type TLS struct {
-	// CAFile is a PEM file of the certificates that verify the servers;
-	// empty means the system's.
-	CAFile string
-	// CertFile and KeyFile are the PEM client certificate and key, for a
-	// server that asks for one; both or neither.
-	CertFile, KeyFile string
-	// ServerName is the name to verify the servers' certificates against;
-	// empty means the host of each address.
-	ServerName string
-	// InsecureSkipVerify accepts any certificate.
-	InsecureSkipVerify bool
 }
 
 // Policy is the fail policy of [Spec].Policy: the failpolicy.Wrap of the

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/redisconn"
 	"github.com/sluicehq/sluice/internal/test/harness"
 	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -18,7 +19,7 @@ func TestInstances(t *testing.T) {
 	bin := build.Bin(t)
 	r := servers.StartRedis(t)
 	spec := harness.Spec{
-		Backend: harness.BackendGoRedis, Server: harness.Server{Addrs: []string{r.Addr()}}, Key: "instances",
+		Backend: harness.BackendGoRedis, Server: harness.Server{Server: redisconn.Server{Addrs: []string{r.Addr()}}}, Key: "instances",
 		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(5)}},
 		Goroutines: 3, Attempts: 10,
 	}
@@ -60,12 +61,12 @@ func TestInstancesBadSpec(t *testing.T) {
 		spec harness.Spec
 		want string
 	}{
-		{"Backend", harness.Spec{Backend: "memcached", Server: harness.Server{Addrs: []string{"127.0.0.1:1"}}, Goroutines: 1}, `Backend "memcached"`},
-		{"Goroutines", harness.Spec{Backend: harness.BackendGoRedis, Server: harness.Server{Addrs: []string{"127.0.0.1:1"}}}, "Goroutines 0"},
+		{"Backend", harness.Spec{Backend: "memcached", Server: harness.Server{Server: redisconn.Server{Addrs: []string{"127.0.0.1:1"}}}, Goroutines: 1}, `Backend "memcached"`},
+		{"Goroutines", harness.Spec{Backend: harness.BackendGoRedis, Server: harness.Server{Server: redisconn.Server{Addrs: []string{"127.0.0.1:1"}}}}, "Goroutines 0"},
 		{"Addrs", harness.Spec{Backend: harness.BackendRueidis, Goroutines: 1}, "no Addrs"},
-		{"HoldAtAttempts", harness.Spec{Backend: harness.BackendGoRedis, Server: harness.Server{Addrs: []string{"127.0.0.1:1"}}, Goroutines: 1, Attempts: 5,
+		{"HoldAtAttempts", harness.Spec{Backend: harness.BackendGoRedis, Server: harness.Server{Server: redisconn.Server{Addrs: []string{"127.0.0.1:1"}}}, Goroutines: 1, Attempts: 5,
 			Holds: []harness.Hold{{At: 5}}}, "Holds[0] {At 5"},
-		{"HoldsOutOfOrder", harness.Spec{Backend: harness.BackendGoRedis, Server: harness.Server{Addrs: []string{"127.0.0.1:1"}}, Goroutines: 1, Attempts: 5,
+		{"HoldsOutOfOrder", harness.Spec{Backend: harness.BackendGoRedis, Server: harness.Server{Server: redisconn.Server{Addrs: []string{"127.0.0.1:1"}}}, Goroutines: 1, Attempts: 5,
 			Holds: []harness.Hold{{At: 3}, {At: 2}}}, "Holds[1] {At 2"},
 	}
 	for _, tt := range tests {
@@ -90,7 +91,7 @@ func TestInstancesBadSpec(t *testing.T) {
 // addr, on a bucket of 100 an hour at key.
 func goRedisSpec(addr, key string, goroutines, attempts int, holds ...harness.Hold) harness.Spec {
 	return harness.Spec{
-		Backend: harness.BackendGoRedis, Server: harness.Server{Addrs: []string{addr}}, Key: key,
+		Backend: harness.BackendGoRedis, Server: harness.Server{Server: redisconn.Server{Addrs: []string{addr}}}, Key: key,
 		Config:     ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(100)}},
 		Goroutines: goroutines, Attempts: attempts, Holds: holds,
 	}
