@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -88,4 +89,25 @@ func ExampleWithTrustedProxies() {
 	// 429
 	// 200
 	// 429
+}
+
+// A HeaderWriter writes the middleware's fields for a decision made
+// elsewhere: here, the second of a burst of 2, then a denial.
+func ExampleHeaderWriter() {
+	limiter := ratelimit.New(memory.New())
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerMinute(2).WithID("per-minute")}}
+	w := httplimit.NewHeaderWriter(httplimit.IETFHeaders)
+	for range 3 {
+		d, err := limiter.Allow(context.Background(), "client-1", cfg)
+		if err != nil {
+			panic(err)
+		}
+		h := http.Header{}
+		w.Write(h, cfg, d)
+		fmt.Printf("%s Retry-After=%q\n", h.Get("RateLimit"), h.Get("Retry-After"))
+	}
+	// Output:
+	// "per-minute";r=1;t=30 Retry-After=""
+	// "per-minute";r=0;t=30 Retry-After=""
+	// "per-minute";r=0;t=30 Retry-After="30"
 }

@@ -65,6 +65,36 @@ const (
 	DefaultHeaders = IETFHeaders | XRateLimitHeaders
 )
 
+// A HeaderWriter writes the rate-limit fields of decisions as the
+// middleware writes them, for a server that answers for another:
+// sluice-server puts them in the response_headers_to_add it sends Envoy.
+// It keeps each config's RateLimit-Policy field, worked out once. It is
+// safe for concurrent use; make one with [NewHeaderWriter].
+type HeaderWriter struct {
+	which    Headers
+	policies policies
+}
+
+// NewHeaderWriter returns a HeaderWriter of the fields which selects.
+func NewHeaderWriter(which Headers) *HeaderWriter {
+	return &HeaderWriter{which: which}
+}
+
+// Write sets in h the fields for decision d on a bucket of config cfg, as
+// [Headers] describes them, and for a denied d the Retry-After the
+// middleware's 429 carries. A config that [ratelimit.Config.Validate]
+// rejects has no fields.
+func (w *HeaderWriter) Write(h http.Header, cfg ratelimit.Config, d ratelimit.Decision) {
+	pol := w.policies.get(cfg)
+	if pol == nil {
+		return
+	}
+	setHeaders(h, w.which, pol, d)
+	if !d.Allowed {
+		h.Set(headerRetryAfter, strconv.FormatInt(retryAfter(d.RetryAfter), 10))
+	}
+}
+
 // Header names, as net/http canonicalizes them (textproto.CanonicalMIMEHeaderKey),
 // so that Header.Get finds them.
 const (

@@ -592,3 +592,27 @@ func digest(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:16])
 }
+
+// TestHeaderWriterMatchesMiddleware checks that a HeaderWriter writes, for
+// each decision, the fields and Retry-After the middleware sends for it:
+// the same decisions, made on two buckets of one config at one time.
+func TestHeaderWriterMatchesMiddleware(t *testing.T) {
+	clock := newClock()
+	h := mustNew(t, ratelimit.New(memory.New(memory.WithClock(clock))), httplimit.WithConfig(twoBW))(&handlerSpy{})
+	l := ratelimit.New(memory.New(memory.WithClock(clock)))
+	w := httplimit.NewHeaderWriter(httplimit.DefaultHeaders)
+	for i := 1; i <= 22; i++ {
+		rec := serve(h, httptest.NewRequest("GET", "/x", nil))
+		d, err := l.Allow(t.Context(), "k", twoBW)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := http.Header{}
+		w.Write(got, twoBW, d)
+		for _, name := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
+			if g, m := got.Get(name), rec.Header().Get(name); g != m {
+				t.Errorf("request %d: %s = %q, the middleware's %q", i, name, g, m)
+			}
+		}
+	}
+}
