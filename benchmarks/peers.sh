@@ -34,21 +34,9 @@ out=$(cd "$out" && pwd)
 # shellcheck source=benchmarks/server.sh
 . "$root/benchmarks/server.sh"
 
-dirty=false
-if [ -n "$(git status --porcelain 2>/dev/null)" ]; then
-	dirty=true
-	echo "peers.sh: the tree has uncommitted changes; the report will say dirty" >&2
-fi
 results=$out/results.txt
 {
-	echo "commit: $(git rev-parse --short HEAD)"
-	echo "dirty: $dirty"
-	echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-	echo "go_version: $(go version)"
-	echo "cpu_model: $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
-	echo "cpus: $(getconf _NPROCESSORS_ONLN)"
-	echo "kernel: $(uname -sr)"
-	echo "redis_server: $(redis-server --version)"
+	run_facts peers.sh
 	echo "command: ${PEERS_COMMAND:-sh benchmarks/peers.sh}"
 	echo "settings: BENCHTIME=$benchtime COUNT=$count CEILING_DURATION=$ceiling_duration"
 } >"$results"

@@ -23,6 +23,26 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# run_facts prints a run's facts as configuration lines (commit, whether
+# the tree is dirty, date, Go, CPU, kernel, Redis), for a results file's
+# head; $1 names the script in the warning of a dirty tree, whose results
+# are not ones to publish.
+run_facts() {
+	dirty=false
+	if [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+		dirty=true
+		echo "$1: the tree has uncommitted changes; the results say dirty" >&2
+	fi
+	echo "commit: $(git rev-parse --short HEAD)"
+	echo "dirty: $dirty"
+	echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+	echo "go_version: $(go version)"
+	echo "cpu_model: $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
+	echo "cpus: $(getconf _NPROCESSORS_ONLN)"
+	echo "kernel: $(uname -sr)"
+	echo "redis_server: $(redis-server --version)"
+}
+
 # start_server starts redis-server on a random port and waits until it
 # answers. It fails when the port is taken, and redis-cli could then reach
 # another server on it, so the answer must carry this server's pid.
