@@ -44,6 +44,8 @@ type options struct {
 	timeout   time.Duration
 	replicas  int
 	shadow    bool
+	quota     bool
+	metadata  bool
 	headers   httplimit.Headers
 	postgres  string
 	maxKeys   int
@@ -88,6 +90,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "the fail policy's `deadline` of a decision on Redis")
 	fs.IntVar(&o.replicas, "replicas", 1, "how many sluice-server processes share the Redis buckets: in the local fail mode each decides in 1/`N` of each limit")
 	fs.BoolVar(&o.shadow, "shadow-mode", false, "answer every request OK, whatever its descriptors get (each still reports its own code)")
+	fs.BoolVar(&o.quota, "quota-mode", false, "treat every limit as a quota_mode one: a request is refused only when every limit it matched is over")
+	fs.BoolVar(&o.metadata, "response-dynamic-metadata", false, "fill in the response's dynamic_metadata: the domain, the descriptors, hits_addend and the metadata of the limits that passed")
 	fs.StringVar(&headers, "response-headers", "ietf", "rate-limit `fields` the response asks Envoy to add: ietf (RateLimit-Policy, RateLimit), x (X-RateLimit-*), both or none")
 	fs.StringVar(&o.postgres, "postgres", "", "the PostgreSQL `URL` of the plan store, for limits with plan: true")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "the most buckets the memory store keeps (`N`; default: the memory backend's)")

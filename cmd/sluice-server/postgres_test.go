@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/cmd/sluice-server/internal/rlstest"
 	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/plans"
 	"github.com/sluicehq/sluice/plans/postgres"
@@ -52,6 +54,23 @@ func TestPlansFromPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := start(t, defaults(t, "--config", path, "--postgres", db.ConnString()), nil)
+	// A plan the store is slow to read (the first, on a loaded machine) is
+	// decided on the default plan meanwhile (plans.DefaultReadWait): look,
+	// taking nothing, until the server has read acme's.
+	planOf := func() uint32 {
+		req := rlstest.Request("p", []string{"tenant", "acme"})
+		req.Descriptors[0].HitsAddend = wrapperspb.UInt64(0)
+		resp, err := s.client.ShouldRateLimit(t.Context(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Statuses[0].CurrentLimit.GetRequestsPerUnit()
+	}
+	for deadline := time.Now().Add(time.Minute); planOf() != 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("acme's plan not read within a minute")
+		}
+	}
 
 	var codes []string
 	for range 3 {

@@ -40,8 +40,8 @@ descriptors:
 `
 
 // TestReplicasExactOnRedis runs two sluice-server processes on one Redis
-// (standalone and a 3-master cluster with each client, and a master
-// behind a Sentinel) and sends 400
+// (standalone, a 3-master cluster and a master behind a Sentinel, each
+// with both clients) and sends 400
 // calls at each limit of 100 from 32 goroutines spread over both: exactly
 // 100 pass, as one server would let through; the split key passes at most
 // 100 (a request refused by the sub-buckets it tried while another still
@@ -64,6 +64,7 @@ func TestReplicasExactOnRedis(t *testing.T) {
 		{"cluster go-redis", []string{"--cluster", cluster.Addrs()[0], "--client", "go-redis"}},
 		{"cluster rueidis", []string{"--cluster", cluster.Addrs()[0], "--client", "rueidis"}},
 		{"sentinel go-redis", []string{"--sentinel", sentinel.Addr(), "--master", servers.SentinelMaster, "--client", "go-redis"}},
+		{"sentinel rueidis", []string{"--sentinel", sentinel.Addr(), "--master", servers.SentinelMaster, "--client", "rueidis"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			args := append([]string{"--config", path, "--prefix", "exact:" + c.name + ":", "--fail-mode", "error"}, c.args...)

@@ -172,6 +172,8 @@ func newServer(ctx context.Context, opts options, log *slog.Logger, reloaded fun
 		DefaultFailMode: opts.failMode,
 		Plans:           planSource,
 		ShadowMode:      opts.shadow,
+		QuotaMode:       opts.quota,
+		DynamicMetadata: opts.metadata,
 		Headers:         opts.headers,
 		Meter:           meters.Meter("github.com/sluicehq/sluice/cmd/sluice-server"),
 	})

@@ -14,9 +14,10 @@
 // OVER_LIMIT without taking anything. The descriptors are decided one
 // after another and each takes its cost when it passes, whatever the
 // others get, as envoyproxy/ratelimit's counters do; a rejected one takes
-// nothing. The response is OVER_LIMIT when any descriptor is, unless the
-// server runs in shadow mode; a descriptor of a shadow_mode limit that is
-// over reports OK.
+// nothing. The response is OVER_LIMIT when a descriptor of a limit that is
+// not a quota_mode one is, or when every quota_mode descriptor is, unless
+// the server runs in shadow mode; a descriptor of a shadow_mode limit that
+// is over reports OK.
 package rls
 
 import (
@@ -34,7 +35,9 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -69,6 +72,14 @@ type Options struct {
 	// (each still reports its own code), as envoyproxy/ratelimit's
 	// SHADOW_MODE does.
 	ShadowMode bool
+	// QuotaMode treats every limit as a quota_mode one, as
+	// envoyproxy/ratelimit's QUOTA_MODE does.
+	QuotaMode bool
+	// DynamicMetadata fills in the response's dynamic_metadata, as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: the domain,
+	// the descriptors, the hits_addend and the merged metadata of the
+	// limits whose descriptors passed.
+	DynamicMetadata bool
 	// Headers selects the rate-limit fields the response asks Envoy to add
 	// (httplimit's IETF draft-10 fields, the X-RateLimit trio, or none).
 	Headers httplimit.Headers
@@ -186,12 +197,42 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 			return nil, err
 		}
 		resp.Statuses[i] = st
-		if st.Code == rlspb.RateLimitResponse_OVER_LIMIT && !s.opts.ShadowMode {
-			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
-		}
+	}
+	passed, over := c.verdict(resp.Statuses)
+	if over && !s.opts.ShadowMode {
+		resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 	}
 	resp.ResponseHeadersToAdd = c.responseHeaders()
+	if s.opts.DynamicMetadata {
+		resp.DynamicMetadata = c.dynamicMetadata(passed)
+	}
 	return resp, nil
+}
+
+// verdict returns the descriptors that passed (unlimited ones aside), and
+// whether the request is over: over a limit that is not a quota, or over
+// every quota it matched.
+func (c *call) verdict(statuses []*rlspb.RateLimitResponse_DescriptorStatus) (passed []int, over bool) {
+	failedLimits, failedQuotas, quotas := 0, 0, 0
+	for i, st := range statuses {
+		l := c.matches[i].Limit
+		if l != nil && l.Unlimited {
+			continue
+		}
+		quota := c.opts.QuotaMode || (l != nil && l.QuotaMode)
+		switch {
+		case st.Code != rlspb.RateLimitResponse_OVER_LIMIT:
+			passed = append(passed, i)
+		case quota:
+			failedQuotas++
+		default:
+			failedLimits++
+		}
+		if quota {
+			quotas++
+		}
+	}
+	return passed, failedLimits > 0 || (quotas > 0 && failedQuotas == quotas)
 }
 
 // count adds a call to the requests counter.
@@ -398,4 +439,58 @@ func (c *call) responseHeaders() []*corepb.HeaderValue {
 		}
 	}
 	return out
+}
+
+// dynamicMetadata is the response's dynamic metadata, in the shape
+// envoyproxy/ratelimit gives it: the domain; each descriptor's entries
+// ("key=value"), its limit override and its hits_addend, where it has
+// them; the request's hits_addend, if not 0; and the metadata of the
+// passed descriptors' limits, merged (the first value of a key wins, and
+// structs merge).
+func (c *call) dynamicMetadata(passed []int) *structpb.Struct {
+	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(c.req.GetDomain())}
+	var descs []*structpb.Value
+	for _, d := range c.req.GetDescriptors() {
+		entries := make([]*structpb.Value, len(d.GetEntries()))
+		for i, e := range d.GetEntries() {
+			entries[i] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+		}
+		df := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if d.GetLimit() != nil {
+			df["limit"] = structpb.NewStringValue(d.GetLimit().String())
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			df["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
+		}
+		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: df}))
+	}
+	fields["descriptors"] = structpb.NewListValue(&structpb.ListValue{Values: descs})
+	if h := c.req.GetHitsAddend(); h != 0 {
+		fields["hitsAddend"] = structpb.NewNumberValue(float64(h))
+	}
+	merged := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for _, i := range passed {
+		if l := c.matches[i].Limit; l != nil && l.Metadata != nil {
+			merge(merged, l.Metadata)
+		}
+	}
+	if len(merged.Fields) > 0 {
+		fields["metadata"] = structpb.NewStructValue(merged)
+	}
+	return &structpb.Struct{Fields: fields}
+}
+
+// merge adds src's fields to dst: a key dst has keeps its value, unless
+// both are structs, which merge.
+func merge(dst, src *structpb.Struct) {
+	for k, v := range src.GetFields() {
+		have, ok := dst.Fields[k]
+		switch {
+		case !ok:
+			// A copy: the config's struct is shared by every call.
+			dst.Fields[k] = proto.Clone(v).(*structpb.Value)
+		case have.GetStructValue() != nil && v.GetStructValue() != nil:
+			merge(have.GetStructValue(), v.GetStructValue())
+		}
+	}
 }

@@ -336,3 +336,80 @@ func TestSetConfig(t *testing.T) {
 		t.Errorf("a plan limit without a plan store: got %v, config swapped %t", err, f.Config() != old)
 	}
 }
+
+// TestQuota ports envoyproxy/ratelimit's integration-test/scripts/quota.sh
+// on its example config: two quota_mode limits of 1 and 2 a minute refuse
+// a request only once both are over, until the minute ends.
+func TestQuota(t *testing.T) {
+	f := newFixture(t, "example.yaml")
+	quota := [][]string{{"service", "service_1"}, {"service", "service_2"}}
+	run(t, f, "quota.sh", []call{{quota, true}, {quota, true}, {quota, false}})
+	f.clock.advance(time.Minute)
+	run(t, f, "quota.sh, a minute later", []call{{quota, true}})
+}
+
+// TestQuotaModes ports envoyproxy/ratelimit's service tests of quota mode:
+// a limit that is not a quota refuses on its own; quotas refuse together.
+func TestQuotaModes(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		exhaust []string // descriptors taken to their limit first
+		descs   [][]string
+		pass    bool
+	}{
+		{"all quotas over", []string{"quota", "quota2"}, [][]string{{"quota", "x"}, {"quota2", "x"}}, false},
+		{"some quotas over", []string{"quota"}, [][]string{{"quota", "x"}, {"quota2", "x"}}, true},
+		{"a limit over, a quota not", []string{"regular"}, [][]string{{"regular", "x"}, {"quota", "x"}}, false},
+		{"a quota over, a limit not: every quota over", []string{"quota"}, [][]string{{"regular", "x"}, {"quota", "x"}}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, "quota.yaml")
+			for _, k := range c.exhaust {
+				f.should(t, rlstest.Request("quota-domain", []string{k, "x"}))
+			}
+			if got := f.should(t, rlstest.Request("quota-domain", c.descs...)).OverallCode == ok; got != c.pass {
+				t.Errorf("passed %t, want %t", got, c.pass)
+			}
+		})
+	}
+}
+
+// TestDynamicMetadata ports envoyproxy/ratelimit's metadata tests: with
+// quota mode for all and dynamic metadata on, the response carries the
+// metadata of the descriptors that passed, merged, the first value of a
+// key winning.
+func TestDynamicMetadata(t *testing.T) {
+	cfg := rlstest.Config(t, "quota.yaml")
+	m := memory.New()
+	t.Cleanup(func() { _ = m.Close() })
+	s, err := rls.New(cfg, rls.Options{
+		Backend:         func(string, int) ratelimit.Backend { return m },
+		FailModes:       rlsconfig.FailModes,
+		DefaultFailMode: "error",
+		QuotaMode:       true,
+		DynamicMetadata: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{Server: s}
+	req := rlstest.Request("quota-domain", []string{"regular", "x"}, []string{"quota", "x"}, []string{"quota2", "x"})
+	req.HitsAddend = 1
+	meta := f.should(t, req).DynamicMetadata
+	got := meta.GetFields()["metadata"].GetStructValue().GetFields()
+	if got["name"].GetStringValue() != "service_1" || got["some_other_name"].GetStringValue() != "service_3" {
+		t.Errorf("all passed: metadata %v, want name service_1 (the first) and some_other_name service_3", got)
+	}
+	if meta.GetFields()["domain"].GetStringValue() != "quota-domain" || len(meta.GetFields()["descriptors"].GetListValue().GetValues()) != 3 ||
+		meta.GetFields()["hitsAddend"].GetNumberValue() != 1 {
+		t.Errorf("dynamic metadata %v", meta)
+	}
+	// With regular (1 a minute) over for other values, its metadata goes
+	// and quota's is the first.
+	f.should(t, rlstest.Request("quota-domain", []string{"regular", "y"}))
+	resp := f.should(t, rlstest.Request("quota-domain", []string{"regular", "y"}, []string{"quota", "y"}, []string{"quota2", "y"}))
+	got = resp.DynamicMetadata.GetFields()["metadata"].GetStructValue().GetFields()
+	if resp.OverallCode != ok || got["name"].GetStringValue() != "service_2" {
+		t.Errorf("regular over: %v, metadata %v; want OK (quotas) and name service_2", resp.OverallCode, got)
+	}
+}

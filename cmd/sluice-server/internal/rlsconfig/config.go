@@ -1,8 +1,8 @@
 // Package rlsconfig reads sluice-server's limits: envoyproxy/ratelimit's
 // YAML (a domain, nested descriptors of key and optional value, each with
 // an optional rate_limit of unit and requests_per_unit, unlimited,
-// shadow_mode, wildcard values, replaces, detailed_metric,
-// value_to_metric and share_threshold) and sluice's own fields on a
+// shadow_mode, quota_mode, metadata, wildcard values, replaces,
+// detailed_metric, value_to_metric and share_threshold) and sluice's own fields on a
 // rate_limit (algorithm, burst, bandwidths, plan, shards) and on a
 // domain (fail_mode).
 //
@@ -26,6 +26,7 @@ import (
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -54,6 +55,13 @@ type Limit struct {
 	Unlimited bool
 	// ShadowMode limits are counted, but a request over one is told OK.
 	ShadowMode bool
+	// QuotaMode limits refuse a request only together: a request is over
+	// its quota when every quota limit it matched is over (and over its
+	// limits when any other is).
+	QuotaMode bool
+	// Metadata is the descriptor's metadata, which a response's dynamic
+	// metadata carries when the descriptor passes; nil for none.
+	Metadata *structpb.Struct
 	// DetailedMetric puts the request's own values into the metrics'
 	// class of the limit's buckets, as envoyproxy/ratelimit puts them into
 	// its statistic's name.

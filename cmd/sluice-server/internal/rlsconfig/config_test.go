@@ -341,3 +341,32 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestMetadata holds descriptors' metadata and quota_mode to
+// envoyproxy/ratelimit's TestMetadata.
+func TestMetadata(t *testing.T) {
+	cfg := rlstest.Config(t, "envoy/metadata.yaml")
+	l := lookup(t, cfg, "test-domain", "key1", "value1", "subkey1", "something")
+	if l == nil || l.RequestsPerUnit != 5 || l.Metadata.GetFields()["name"].GetStringValue() != "service_1" {
+		t.Errorf("key1_value1.subkey1: %+v, want 5 a second with name service_1", l)
+	}
+	l = lookup(t, cfg, "test-domain", "key2", "something")
+	if l == nil || l.RequestsPerUnit != 20 ||
+		l.Metadata.GetFields()["service_with_quota"].GetStructValue().GetFields()["name"].GetStringValue() != "service_2" {
+		t.Errorf("key2: %+v, want 20 a minute with service_with_quota.name service_2", l)
+	}
+	if l := lookup(t, cfg, "test-domain", "key1", "value1", "subkey1", "subvalue1"); l == nil || l.Metadata != nil {
+		t.Errorf("key1_value1.subkey1_subvalue1: %+v, want a limit without metadata", l)
+	}
+	q, err := rlsconfig.Parse(rlsconfig.Source{Name: "q.yaml", Data: []byte("domain: q\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := lookup(t, q, "q", "k", "v"); l == nil || !l.QuotaMode {
+		t.Errorf("quota_mode: %+v", l)
+	}
+	if _, err := rlsconfig.Parse(rlsconfig.Source{Name: "m.yaml", Data: []byte("domain: m\ndescriptors:\n  - key: k\n    metadata: [a, b]\n")}); err == nil ||
+		!strings.HasPrefix(err.Error(), "m.yaml:4: descriptors[0].metadata: must be a mapping") {
+		t.Errorf("metadata of a list: %v", err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
@@ -200,6 +201,8 @@ func (p *parser) descriptor(n *yaml.Node, field string, parent *node, path, keys
 		rateLimit, children   *yaml.Node
 		shadow, detailed      bool
 		valueToMetric, shared bool
+		quota                 bool
+		metadata              *structpb.Struct
 	)
 	err := p.fields(n, field, descriptorFields, func(k string, v *yaml.Node) (err error) {
 		name := join(field, k)
@@ -221,8 +224,10 @@ func (p *parser) descriptor(n *yaml.Node, field string, parent *node, path, keys
 			valueToMetric, err = p.boolean(v, name)
 		case "share_threshold":
 			shared, err = p.boolean(v, name)
-		case "quota_mode", "metadata":
-			err = p.fault(v, name, "not supported by sluice-server (docs/server.md, Migrating)")
+		case "quota_mode":
+			quota, err = p.boolean(v, name)
+		case "metadata":
+			metadata, err = p.metadata(v, name)
 		}
 		return err
 	})
@@ -254,7 +259,7 @@ func (p *parser) descriptor(n *yaml.Node, field string, parent *node, path, keys
 		if err != nil {
 			return err
 		}
-		l.ShadowMode, l.DetailedMetric = shadow, detailed
+		l.ShadowMode, l.DetailedMetric, l.QuotaMode, l.Metadata = shadow, detailed, quota, metadata
 		l.domain, l.levels, l.keys, l.valueToMetric = path[0], path[1:], keys, toMetric
 		l.Path = strings.Join(path, ".")
 		p.limits[l.Path] = l
@@ -394,6 +399,23 @@ func (p *parser) rateLimit(n *yaml.Node, field string) (*Limit, error) {
 		return nil, p.fault(n, field, "%s", reason(err))
 	}
 	return l, nil
+}
+
+// metadata reads a descriptor's metadata, any mapping, as the struct a
+// response's dynamic metadata carries.
+func (p *parser) metadata(n *yaml.Node, field string) (*structpb.Struct, error) {
+	if n.Kind != yaml.MappingNode {
+		return nil, p.fault(n, field, "must be a mapping")
+	}
+	var m map[string]any
+	if err := n.Decode(&m); err != nil {
+		return nil, p.fault(n, field, "%v", err)
+	}
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		return nil, p.fault(n, field, "%v", err)
+	}
+	return s, nil
 }
 
 func (p *parser) replaces(n *yaml.Node, field string) ([]string, error) {
