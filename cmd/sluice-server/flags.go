@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/cmd/sluice-server/internal/rlsconfig"
 	"github.com/sluicehq/sluice/failpolicy"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/redisconn"
@@ -119,8 +120,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	if err := o.parseRedis(redisAddr, cluster, sentinel); err != nil {
 		return options{}, err
 	}
-	if _, ok := failModes[o.failMode]; !ok && o.failMode != "error" {
-		return options{}, fmt.Errorf("--fail-mode %q: want open, closed, local or error", o.failMode)
+	if !slices.Contains(rlsconfig.FailModes, o.failMode) {
+		return options{}, fmt.Errorf("--fail-mode %q: want one of %s", o.failMode, strings.Join(rlsconfig.FailModes, ", "))
 	}
 	if o.timeout <= 0 {
 		return options{}, fmt.Errorf("--timeout %v: must be > 0", o.timeout)

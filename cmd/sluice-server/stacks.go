@@ -11,8 +11,8 @@ import (
 	"github.com/sluicehq/sluice/sharding"
 )
 
-// failModes are the fail modes of the config's fail_mode and --fail-mode,
-// by name; "error" has no fail policy.
+// failModes maps each fail mode of rlsconfig.FailModes that puts a fail
+// policy in front of Redis to its failpolicy.Mode; "error" has none.
 var failModes = map[string]failpolicy.Mode{
 	"open":   failpolicy.Open,
 	"closed": failpolicy.Closed,
@@ -31,8 +31,7 @@ type stacks struct {
 	policy    []failpolicy.Option
 
 	mu    sync.Mutex
-	built sync.Map // stackKey → *ratelimit.Stacked
-	err   error    // the first layer that could not be built
+	built sync.Map // stackKey → *ratelimit.Stacked, or broken
 }
 
 type stackKey struct {
@@ -42,8 +41,8 @@ type stackKey struct {
 
 // backend returns the backend of fail mode mode, splitting each bucket
 // into shards sub-buckets when shards > 1. A stack that cannot be built
-// (a bad option, which the flags' checks keep out) is noBackend, whose
-// decisions fail, and its error is kept for Close.
+// (a bad option, which the flags' checks keep out) is broken, whose
+// decisions fail with its error; Close returns that error too.
 func (s *stacks) backend(mode string, shards int) ratelimit.Backend {
 	k := stackKey{mode, shards}
 	if b, ok := s.built.Load(k); ok {
@@ -61,23 +60,30 @@ func (s *stacks) backend(mode string, shards int) ratelimit.Backend {
 	if m, ok := failModes[mode]; ok && s.remote {
 		layers = append(layers, failpolicy.Layer(m, s.policy...))
 	}
-	b, err := ratelimit.Stack(s.store, layers...)
+	var b ratelimit.Backend
+	stacked, err := ratelimit.Stack(s.store, layers...)
 	if err != nil {
-		s.err = errors.Join(s.err, err)
-		return broken{err}
+		b = broken{err}
+	} else {
+		b = stacked
 	}
 	s.built.Store(k, b)
 	return b
 }
 
 // Close closes every stack's layers (not the store), and returns their
-// errors and any stack's that could not be built.
+// errors and those of the stacks that could not be built.
 func (s *stacks) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	errs := []error{s.err}
+	var errs []error
 	s.built.Range(func(_, v any) bool {
-		errs = append(errs, v.(*ratelimit.Stacked).Close())
+		switch b := v.(type) {
+		case *ratelimit.Stacked:
+			errs = append(errs, b.Close())
+		case broken:
+			errs = append(errs, b.err)
+		}
 		return true
 	})
 	s.built.Clear()

@@ -392,6 +392,7 @@ func currentLimit(l *rlsconfig.Limit, cfg ratelimit.Config, d ratelimit.Decision
 	for i := range cfg.Bandwidths {
 		if cfg.BandwidthName(i) == d.Bandwidth {
 			bw = cfg.Bandwidths[i]
+			break
 		}
 	}
 	unit, rpu := rlsconfig.Reported(bw)

@@ -76,8 +76,7 @@ type Limit struct {
 	// Unit and RequestsPerUnit are what the response reports as the
 	// descriptor's current_limit. For a limit written with unit and
 	// requests_per_unit they are those; for one written with bandwidths,
-	// the first bandwidth's rate over the longest unit that holds a whole
-	// number of its tokens.
+	// the first bandwidth's, as [Reported] gives them.
 	Unit            Unit
 	RequestsPerUnit uint32
 	// Config is the config of the limit's buckets: the zero Config for
@@ -246,10 +245,19 @@ func (dom *Domain) Lookup(d *commonpb.RateLimitDescriptor) (Match, bool) {
 }
 
 // keySep separates a bucket key's path from its values, and its values
-// from each other; escape keeps it, and escapeByte, out of them.
+// from each other; escapeByte starts an escaped byte, %XX.
 const (
 	keySep     = '|'
 	escapeByte = '%'
+)
+
+// Bytes escaped in a bucket key: keySep and escapeByte everywhere; '.',
+// which separates a path's parts, in a part; '#', which starts the hash of
+// values too long to write out, in a value (so that no value can pass for
+// another's hash).
+const (
+	pathSpecial  = ".|%"
+	valueSpecial = "#|%"
 )
 
 // bucketKey is the key of the bucket of limit l for the request's values.
@@ -258,7 +266,7 @@ func bucketKey(l *Limit, values []string) string {
 	b.WriteString(l.Path)
 	for _, v := range values {
 		b.WriteByte(keySep)
-		escape(&b, v)
+		escapeTo(&b, v, valueSpecial)
 	}
 	if b.Len() <= ratelimit.MaxKeyLen {
 		return b.String()
@@ -267,13 +275,12 @@ func bucketKey(l *Limit, values []string) string {
 	return l.Path + string(keySep) + "#" + hex.EncodeToString(sum[:])
 }
 
-// escape writes s with keySep and escapeByte written as %7C and %25.
-func escape(b *strings.Builder, s string) {
+// escapeTo writes s to b with each byte of special written as %XX.
+func escapeTo(b *strings.Builder, s, special string) {
 	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case keySep, escapeByte:
+		if c := s[i]; strings.IndexByte(special, c) >= 0 {
 			fmt.Fprintf(b, "%%%02X", c)
-		default:
+		} else {
 			b.WriteByte(c)
 		}
 	}
@@ -314,21 +321,13 @@ func (c *Config) ClassOf(key string) string {
 	return b.String()
 }
 
-// pathPart is s as one part of a Path: with '.', keySep and escapeByte
-// escaped.
+// pathPart is s as one part of a Path, with pathSpecial escaped.
 func pathPart(s string) string {
-	if !strings.ContainsAny(s, ".|%") {
+	if !strings.ContainsAny(s, pathSpecial) {
 		return s
 	}
 	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '.', keySep, escapeByte:
-			fmt.Fprintf(&b, "%%%02X", c)
-		default:
-			b.WriteByte(c)
-		}
-	}
+	escapeTo(&b, s, pathSpecial)
 	return b.String()
 }
 

@@ -151,6 +151,11 @@ func TestBucketKeys(t *testing.T) {
 		t.Errorf("values x|y and x%%7Cy share bucket %q", a)
 	}
 	long := key("test-domain", "noVal", strings.Repeat("v", 2*ratelimit.MaxKeyLen))
+	// A value cannot pass for the hash of values too long to write out.
+	_, hash, _ := strings.Cut(long, "|")
+	if forged := key("test-domain", "noVal", hash); forged == long {
+		t.Errorf("the value %q shares the bucket of the long value's hash, %q", hash, long)
+	}
 	if len(long) > ratelimit.MaxKeyLen || long == key("test-domain", "noVal", strings.Repeat("v", 2*ratelimit.MaxKeyLen-1)) {
 		t.Errorf("long values: key %q", long)
 	}

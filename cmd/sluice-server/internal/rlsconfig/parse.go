@@ -353,9 +353,15 @@ func (p *parser) rateLimit(n *yaml.Node, field string) (*Limit, error) {
 	common := []string{"name", "replaces"}
 	switch {
 	case l.Unlimited:
-		return l, only("unlimited: true", append(common, "unlimited")...)
+		if err := only("unlimited: true", append(common, "unlimited")...); err != nil {
+			return nil, err
+		}
+		return l, nil
 	case l.Plan:
-		return l, only("plan: true", append(common, "plan", "shards")...)
+		if err := only("plan: true", append(common, "plan", "shards")...); err != nil {
+			return nil, err
+		}
+		return l, nil
 	case bandwidths != nil:
 		if err := only("bandwidths", append(common, "bandwidths", "algorithm", "shards", "plan", "unlimited")...); err != nil {
 			return nil, err
@@ -372,7 +378,10 @@ func (p *parser) rateLimit(n *yaml.Node, field string) (*Limit, error) {
 		u := units[strings.ToLower(unit)]
 		l.Unit, l.RequestsPerUnit = u.unit, uint32(rpu)
 		if rpu == 0 {
-			return l, only("requests_per_unit: 0", append(common, "unit", "requests_per_unit", "algorithm", "plan", "unlimited")...)
+			if err := only("requests_per_unit: 0", append(common, "unit", "requests_per_unit", "algorithm", "plan", "unlimited")...); err != nil {
+				return nil, err
+			}
+			return l, nil
 		}
 		if b := given["burst"]; b != nil && alg != ratelimit.TokenBucket && alg != ratelimit.GCRA && alg != ratelimit.LeakyBucket {
 			return nil, p.fault(b, join(field, "burst"), "not allowed with %v, which counts requests in windows: burst is for TokenBucket, GCRA and LeakyBucket", alg)
@@ -386,17 +395,17 @@ func (p *parser) rateLimit(n *yaml.Node, field string) (*Limit, error) {
 		}
 		l.Config = ratelimit.Config{Algorithm: alg, Bandwidths: []ratelimit.Bandwidth{bw}}
 	}
-	if l.Name != "" {
-		// A bandwidth's ID names it in the response headers.
-		if id := l.Name; len(l.Config.Bandwidths) == 1 && l.Config.Bandwidths[0].ID == "" {
-			bw := l.Config.Bandwidths[0].WithID(id)
-			if (ratelimit.Config{Algorithm: l.Config.Algorithm, Bandwidths: []ratelimit.Bandwidth{bw}}).Validate() == nil {
-				l.Config.Bandwidths = []ratelimit.Bandwidth{bw}
-			}
-		}
-	}
 	if err := l.Config.Validate(); err != nil {
 		return nil, p.fault(n, field, "%s", reason(err))
+	}
+	if bws := l.Config.Bandwidths; l.Name != "" && len(bws) == 1 && bws[0].ID == "" {
+		// The name names the bandwidth in the response headers, if it is
+		// one a bandwidth's ID may be.
+		named := l.Config
+		named.Bandwidths = []ratelimit.Bandwidth{bws[0].WithID(l.Name)}
+		if named.Validate() == nil {
+			l.Config = named
+		}
 	}
 	return l, nil
 }
