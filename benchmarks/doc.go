@@ -27,7 +27,11 @@
 //     and the server's CPU time per decision;
 //   - cmd/redisceiling, the server's own ceiling for a limiter's script
 //     under deep pipelining, and cmd/redismemory, the Redis memory of one
-//     bucket key.
+//     bucket key;
+//   - cmd/scaleplan, the figures docs/scale.md budgets from: Redis memory
+//     per key over a million keys, bytes on the wire and replicated per
+//     decision, server and client CPU per decision, what a full master
+//     returns, and the memory backend's bytes per key.
 //
 // Without $SLUICE_REDIS_ADDR the Redis benchmarks start a redis-server of
 // their own (internal/test/servers), so

@@ -2,16 +2,19 @@
 # hotkey.sh measures one hot key on a 3-master Redis Cluster, unsplit and
 # split by the sharding package (internal/test/distributed's BenchmarkHotKey),
 # and what the decorator costs a key it passes through (sharding's
-# BenchmarkPassThrough, on the memory backend): six rounds of each, with
-# benchstat tables of decisions/s, p99, server CPU per decision, ns/op and
+# BenchmarkPassThrough, on the memory backend); and one hot key shared by
+# two processes on one standalone server, with and without the lease
+# package (BenchmarkHotKeyLeased): six rounds of each, with benchstat tables
+# of decisions/s, p99, store calls and server CPU per decision, ns/op and
 # allocs/op.
 #
 # Usage: benchmarks/hotkey.sh [OUTDIR]
 #   (default: benchmarks/results/<UTC date>-<short HEAD>-hotkey)
 #
-# Into OUTDIR go env.txt, hotkey.txt, passthrough.txt (the raw go test
-# output) and benchstat.txt. Each round of BenchmarkHotKey starts a cluster
-# of its own on free ports of 127.0.0.1, from the redis-server on $PATH.
+# Into OUTDIR go env.txt, hotkey.txt, passthrough.txt, leased.txt (the raw
+# go test output) and benchstat.txt. Each round of BenchmarkHotKey starts a
+# cluster of its own, and each of BenchmarkHotKeyLeased a server, on free
+# ports of 127.0.0.1, from the redis-server on $PATH.
 set -eu
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,8 +38,10 @@ mkdir -p "$out"
 	git status --porcelain 2>/dev/null || true
 } >"$out/env.txt"
 
-go test -run '^$' -bench HotKey -benchtime 20000x -count "$count" ./internal/test/distributed | tee "$out/hotkey.txt"
+go test -run '^$' -bench 'HotKey$' -benchtime 20000x -count "$count" ./internal/test/distributed | tee "$out/hotkey.txt"
 go test -run '^$' -bench PassThrough -count "$count" ./sharding | tee "$out/passthrough.txt"
+# 20000x is 2s of load a row: BenchmarkHotKeyLeased's b.N counts 100µs.
+go test -run '^$' -bench HotKeyLeased -benchtime 20000x -count "$count" ./internal/test/distributed | tee "$out/leased.txt"
 
 # The version run.sh pins.
 benchstat="go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da"
@@ -46,4 +51,7 @@ benchstat="go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9
 	echo
 	echo "# a key no rule matches, on the memory backend"
 	$benchstat -col /backend "$out/passthrough.txt"
+	echo
+	echo "# one hot key, 2 processes on one server: lease=off is the backend alone, on the lease decorator over it"
+	$benchstat -col /lease "$out/leased.txt"
 } | tee "$out/benchstat.txt"

@@ -18,15 +18,17 @@ type Place uint8
 // sits next to the store, so that its deadline and breakers judge each
 // store call, a sharded key's sub-bucket calls each on its own; sharding
 // above it, so that a sub-bucket the policy gave up on moves the request
-// on to the next; telemetry outermost, so that it sees each decision as
-// the caller gets it, Degraded included.
+// on to the next; leasing above sharding, so that a lease of a split key
+// is taken from its sub-buckets; telemetry outermost, so that it sees each
+// decision as the caller gets it, Degraded included.
 const (
 	PlaceFailPolicy Place = 10
 	PlaceSharding   Place = 20
+	PlaceLeasing    Place = 25
 	PlaceTelemetry  Place = 30
 )
 
-var placeNames = map[Place]string{PlaceFailPolicy: "fail policy", PlaceSharding: "sharding", PlaceTelemetry: "telemetry"}
+var placeNames = map[Place]string{PlaceFailPolicy: "fail policy", PlaceSharding: "sharding", PlaceLeasing: "leasing", PlaceTelemetry: "telemetry"}
 
 // String names the place.
 func (p Place) String() string {
@@ -37,7 +39,8 @@ func (p Place) String() string {
 }
 
 // A Layer is a [Backend] decorator that [Stack] puts in its place: what
-// failpolicy.Layer, sharding.Layer and the otel module's Layer return.
+// failpolicy.Layer, sharding.Layer, lease.Layer and the otel module's
+// Layer return.
 type Layer interface {
 	// Place says where the layer goes.
 	Place() Place

@@ -115,9 +115,9 @@ var (
 // the one of the next lower Place, the lowest the store, and a decision
 // passes them from the highest Place down.
 func TestStackOrder(t *testing.T) {
-	places := []ratelimit.Place{ratelimit.PlaceFailPolicy, ratelimit.PlaceSharding, ratelimit.Place(25), ratelimit.PlaceTelemetry}
-	wantWraps := []string{"wrap fail policy over store", "wrap sharding over fail policy", "wrap Place(25) over sharding", "wrap telemetry over Place(25)"}
-	wantDo := []string{"do telemetry", "do Place(25)", "do sharding", "do fail policy", "do store"}
+	places := []ratelimit.Place{ratelimit.PlaceFailPolicy, ratelimit.PlaceSharding, ratelimit.PlaceLeasing, ratelimit.PlaceTelemetry}
+	wantWraps := []string{"wrap fail policy over store", "wrap sharding over fail policy", "wrap leasing over sharding", "wrap telemetry over leasing"}
+	wantDo := []string{"do telemetry", "do leasing", "do sharding", "do fail policy", "do store"}
 	for _, order := range permutations(len(places)) {
 		t.Run(fmt.Sprint(order), func(t *testing.T) {
 			ev := new(events)
@@ -133,7 +133,7 @@ func TestStackOrder(t *testing.T) {
 				t.Errorf("wrapped\n\t%q\nwant\n\t%q", got, wantWraps)
 			}
 			d, err := s.Do(context.Background(), "k", stackCfg, stackReq)
-			if want := "store < fail policy < sharding < Place(25) < telemetry"; err != nil || d.Bandwidth != want {
+			if want := "store < fail policy < sharding < leasing < telemetry"; err != nil || d.Bandwidth != want {
 				t.Errorf("Do: %+v, %v; want the decision stamped %q", d, err, want)
 			}
 			if got := ev.take(); !slices.Equal(got, wantDo) {
@@ -267,8 +267,8 @@ func TestStackClose(t *testing.T) {
 	s, err := ratelimit.Stack(fakeStore{ev},
 		fakeLayer{place: ratelimit.PlaceSharding, ev: ev},
 		fakeLayer{place: ratelimit.PlaceTelemetry, ev: ev, closer: true, closeErr: errTelemetry},
-		fakeLayer{place: ratelimit.Place(5), ev: ev, pass: true},  // over the store, itself a closer
-		fakeLayer{place: ratelimit.Place(25), ev: ev, pass: true}, // over sharding
+		fakeLayer{place: ratelimit.Place(5), ev: ev, pass: true},     // over the store, itself a closer
+		fakeLayer{place: ratelimit.PlaceLeasing, ev: ev, pass: true}, // over sharding
 		fakeLayer{place: ratelimit.PlaceFailPolicy, ev: ev, closer: true, closeErr: errFail},
 	)
 	if err != nil {

@@ -316,3 +316,13 @@ func TestRulePrecedence(t *testing.T) {
 		}
 	}
 }
+
+// TestSplits: Splits names the keys a rule splits, for the lease package.
+func TestSplits(t *testing.T) {
+	b := mustNew(t, newMemory(t, newClock()), Keys(4, "hot"), Prefix(3, "tenant:"))
+	for key, want := range map[string]bool{"hot": true, "tenant:1": true, "cold": false, "hot2": false} {
+		if got := b.Splits(key); got != want {
+			t.Errorf("Splits(%q) = %v, want %v", key, got, want)
+		}
+	}
+}

@@ -299,6 +299,11 @@ func (b *Backend) matching(key string) *Rule {
 	return nil
 }
 
+// Splits reports whether a rule splits key into sub-buckets. The lease
+// package asks it: a lease of a split key is gathered from several
+// sub-buckets, whose Remaining tells it nothing exact about any one.
+func (b *Backend) Splits(key string) bool { return b.ruleOf(key) != nil }
+
 // Unwrap returns the Backend that b splits keys over, so that a
 // decorator over b (the otel module's, naming the store in its spans)
 // can find the store below.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/failpolicy"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/sharding"
 )
@@ -114,6 +115,14 @@ func runInstance(o *out, connect Connector) error {
 	if backend, err = withShard(backend, spec.Key, spec.Shard); err != nil {
 		return err
 	}
+	leased, err := withLease(backend, spec.Key, spec.Lease)
+	if err != nil {
+		return err
+	}
+	if leased != nil {
+		defer leased.Close() // before conn.Close: its refills in flight use the client
+		backend = leased
+	}
 	if err := warm(conn); err != nil {
 		return err
 	}
@@ -203,6 +212,22 @@ func withShard(b ratelimit.Backend, key string, s *Shard) (ratelimit.Backend, er
 		return b, nil
 	}
 	return sharding.New(b, sharding.Keys(s.N, key).WithRetries(s.Retries))
+}
+
+// withLease leases key's tokens in b as l says, if l is set; else it
+// returns nil.
+func withLease(b ratelimit.Backend, key string, l *Lease) (*lease.Backend, error) {
+	if l == nil {
+		return nil, nil
+	}
+	opts := []lease.Option{lease.Keys(key)}
+	if l.Target != 0 {
+		opts = append(opts, lease.WithTarget(l.Target))
+	}
+	if l.MaxShare != 0 {
+		opts = append(opts, lease.WithMaxShare(l.MaxShare))
+	}
+	return lease.New(b, opts...)
 }
 
 // warm makes a first round trip, so that connecting is not part of the

@@ -417,6 +417,10 @@ func (in *Instances) waitUntil(what string, pending func() (string, error)) erro
 	}
 }
 
+// Pid returns the process id of instance i, for a caller that stops and
+// continues it (SIGSTOP, SIGCONT).
+func (in *Instances) Pid(i int) int { return in.procs[i].cmd.Process.Pid }
+
 // Kill kills instance i with SIGKILL mid-run, and returns once it is dead.
 // Its calls in flight may have taken effect; Wait returns them with Err
 // [ErrUnreported]. Killing an instance that has already exited is an

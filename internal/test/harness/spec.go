@@ -45,6 +45,11 @@ type Spec struct {
 	// package, outside the fail policy if there is one (as sharding's
 	// package doc advises).
 	Shard *Shard
+	// Lease, if set, leases Key's tokens with the lease package, outside
+	// the shard and the fail policy if there are any (the order of
+	// ratelimit.Stack): a Consume of Key is then decided from this
+	// instance's lease.
+	Lease *Lease
 	// Pause is how long each goroutine waits after a call before it takes
 	// the next attempt: a steady load rather than a flood.
 	Pause time.Duration
@@ -94,6 +99,17 @@ type Policy struct {
 // its policy, if any) with the rule sharding.Keys(N, Key).WithRetries(Retries).
 type Shard struct {
 	N, Retries int
+}
+
+// Lease is the leasing of [Spec].Lease: lease.New of the backend (behind
+// its shard and policy, if any) with the rule lease.Keys(Key), and these
+// options where they are set, the lease package's defaults where they are
+// zero. The instance closes it once its calls are done.
+type Lease struct {
+	// Target is the WithTarget.
+	Target time.Duration
+	// MaxShare is the WithMaxShare.
+	MaxShare float64
 }
 
 // Hold is one of [Spec].Holds.

@@ -6,7 +6,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/test/harness"
 )
@@ -122,6 +124,41 @@ func (in *Instances) WaitIdle(t testing.TB) {
 func (in *Instances) Kill(t testing.TB, i int) {
 	t.Helper()
 	must(t, in.run.Kill(i))
+}
+
+// Stop stops instance i with SIGSTOP mid-run and, on Linux, returns once
+// the kernel reports every thread of it stopped: it then runs no code,
+// and its monotonic clock runs on, until [Instances.Continue]. The test's
+// cleanup continues it if the test does not.
+func (in *Instances) Stop(t testing.TB, i int) {
+	t.Helper()
+	pid := in.run.Pid(i)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("servers: SIGSTOP instance %d: %v", i, err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) // an instance gone is not stopped
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		ok, err := processStopped(pid)
+		switch {
+		case err != nil:
+			t.Fatalf("servers: instance %d after SIGSTOP: %v", i, err)
+		case ok:
+			return
+		case time.Now().After(deadline):
+			t.Fatalf("servers: instance %d not stopped %v after SIGSTOP", i, readyTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Continue continues instance i, stopped by [Instances.Stop], with
+// SIGCONT.
+func (in *Instances) Continue(t testing.TB, i int) {
+	t.Helper()
+	if err := syscall.Kill(in.run.Pid(i), syscall.SIGCONT); err != nil {
+		t.Fatalf("servers: SIGCONT instance %d: %v", i, err)
+	}
 }
 
 // Wait is [harness.Instances.Wait].

@@ -10,8 +10,11 @@ import (
 // stopped reports whether every thread of the server's process is stopped
 // by a signal, as the kernel reports it in /proc: once it is, the server
 // runs no more code until SIGCONT.
-func (r *Redis) stopped() (bool, error) {
-	pid := r.cmd.Process.Pid
+func (r *Redis) stopped() (bool, error) { return processStopped(r.cmd.Process.Pid) }
+
+// processStopped reports whether every thread of the process pid is
+// stopped by a signal, as /proc reports it.
+func processStopped(pid int) (bool, error) {
 	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
 	if err != nil || len(tasks) == 0 {
 		return false, fmt.Errorf("no threads of pid %d in /proc (%v)", pid, err)

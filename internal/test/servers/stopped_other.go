@@ -15,3 +15,7 @@ func (r *Redis) stopped() (bool, error) {
 	err := probe(r.Addr(), r.cmd.Process.Pid)
 	return errors.As(err, &netErr) && netErr.Timeout(), nil
 }
+
+// processStopped cannot tell without Linux's /proc: it reports the
+// process stopped once SIGSTOP has been sent.
+func processStopped(int) (bool, error) { return true, nil }
