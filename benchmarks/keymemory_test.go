@@ -2,10 +2,11 @@ package benchmarks
 
 import (
 	"context"
-	"math"
 	"runtime"
 	"strconv"
 	"testing"
+
+	"github.com/sluicehq/sluice/benchmarks/internal/measure"
 )
 
 // BenchmarkKeyMemory measures the heap one key costs in each in-memory
@@ -30,34 +31,14 @@ func BenchmarkKeyMemory(b *testing.B) {
 // decided on manyKeys keys.
 func keyMemory(b *testing.B, im impl) float64 {
 	ctx := context.Background()
-	before := liveHeap()
+	before := measure.LiveHeap()
 	allow := im.start(b, allowAll)
 	for i := range manyKeys {
 		if ok, err := allow(ctx, "user:"+strconv.Itoa(i)); err != nil || !ok {
 			b.Fatalf("allow = %v, %v; want allowed", ok, err)
 		}
 	}
-	after := liveHeap()
+	after := measure.LiveHeap()
 	runtime.KeepAlive(allow)
 	return float64(int64(after)-int64(before)) / manyKeys
-}
-
-// liveHeap returns the bytes of heap objects that survive collections. It
-// collects until the heap stops shrinking: an object with a finalizer (the
-// stores of an earlier op that stop a cleaning goroutine so) survives the
-// first collection, and freed during a later measurement it would be taken
-// off that limiter's bytes.
-func liveHeap() uint64 {
-	var m runtime.MemStats
-	last := uint64(math.MaxUint64)
-	for range 10 {
-		runtime.GC()
-		runtime.ReadMemStats(&m)
-		if m.HeapAlloc >= last {
-			break
-		}
-		last = m.HeapAlloc
-		runtime.Gosched() // let the finalizers run
-	}
-	return last
 }

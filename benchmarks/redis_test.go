@@ -17,6 +17,7 @@ import (
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
+	"github.com/sluicehq/sluice/benchmarks/internal/measure"
 	"github.com/sluicehq/sluice/internal/redisscript"
 	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -251,7 +252,7 @@ func readCPU(ctx context.Context, b *testing.B, rdb *redis.Client) cpuTimes {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return cpuTimes{client: processCPU(), server: serverCPU(b, info)}
+	return cpuTimes{client: measure.ProcessCPU(), server: serverCPU(b, info)}
 }
 
 // serverCPU adds the user and system CPU time of the server's main process

@@ -40,9 +40,10 @@ type Backend struct {
 
 	origin time.Time
 
-	shut      atomic.Bool  // set first by Close
-	mu        sync.RWMutex // refills start under RLock, Close takes Lock
-	closed    bool
+	// shut is set by Close, under mu: a refill starts under mu's read
+	// lock, so none starts after Close waits for them.
+	shut      atomic.Bool
+	mu        sync.RWMutex
 	refills   sync.WaitGroup
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -110,9 +111,8 @@ func (b *Backend) Unwrap() ratelimit.Backend { return b.next }
 // close the wrapped Backend.
 func (b *Backend) Close() error {
 	b.closeOnce.Do(func() {
+		b.mu.Lock() // no refill is starting, and none starts from now on
 		b.shut.Store(true)
-		b.mu.Lock()
-		b.closed = true
 		b.mu.Unlock()
 		close(b.stop)
 		<-b.done
@@ -344,7 +344,7 @@ func (b *Backend) ahead(ctx context.Context, key string, l *lease, cfg *ratelimi
 func (b *Backend) startRefill(ctx context.Context, key string, l *lease, cfg *ratelimit.Config, need, now int64) *refill {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	if b.closed {
+	if b.shut.Load() {
 		return nil
 	}
 	k := l.size(need, b.maxLease(cfg), b.o.target, now)

@@ -57,7 +57,7 @@ func WithMaxShare(share float64) Option {
 
 // WithMaxKeys caps the keys a Backend holds leases for, at least 1. A key
 // the rules match when the cap is reached is decided by the store,
-// unleased, until a lease lapses and the sweep drops it.
+// unleased, until the sweep drops the lease of a key idle for a second.
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(o *options) { o.maxKeys = n })
 }

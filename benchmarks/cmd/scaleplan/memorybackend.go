@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"runtime"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/backend/memory"
+	"github.com/sluicehq/sluice/benchmarks/internal/measure"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -21,7 +21,7 @@ const randomBatch = 1000
 // measureMemoryBackend prints the heap f.n keys of cfg cost the memory
 // backend, and the decisions a second it then makes on keys at random.
 func measureMemoryBackend(ctx context.Context, f flags, cfg ratelimit.Config) error {
-	before := liveHeap()
+	before := measure.LiveHeap()
 	b := memory.New(memory.WithMaxKeys(f.n + 1))
 	defer b.Close()
 	lim := ratelimit.New(b)
@@ -29,14 +29,14 @@ func measureMemoryBackend(ctx context.Context, f flags, cfg ratelimit.Config) er
 	for i := range keys {
 		keys[i] = f.userKey(i)
 	}
-	withKeys := liveHeap() // the key strings, which the slice holds
+	withKeys := measure.LiveHeap() // the key strings, which the slice holds
 	for _, k := range keys {
 		d, err := lim.Allow(ctx, k, cfg)
 		if err := allowed(d, err, k); err != nil {
 			return err
 		}
 	}
-	after := liveHeap()
+	after := measure.LiveHeap()
 	if held := b.Len(); held != f.n {
 		return fmt.Errorf("the backend's sweep dropped %d of the %d buckets before the heap was read", f.n-held, f.n)
 	}
@@ -81,22 +81,4 @@ func decideAtRandom(ctx context.Context, lim *ratelimit.Limiter, cfg ratelimit.C
 		total += c
 	}
 	return float64(total) / d.Seconds(), errors.Join(errs...)
-}
-
-// liveHeap returns the bytes of heap objects that survive collections, as
-// BenchmarkKeyMemory reads them: it collects until the heap stops shrinking,
-// as an object with a finalizer survives the first collection.
-func liveHeap() uint64 {
-	var m runtime.MemStats
-	last := uint64(math.MaxUint64)
-	for range 10 {
-		runtime.GC()
-		runtime.ReadMemStats(&m)
-		if m.HeapAlloc >= last {
-			break
-		}
-		last = m.HeapAlloc
-		runtime.Gosched() // let the finalizers run
-	}
-	return last
 }

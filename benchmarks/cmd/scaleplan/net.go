@@ -11,6 +11,7 @@ import (
 
 	redisbackend "github.com/sluicehq/sluice/backend/redis"
 	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
+	"github.com/sluicehq/sluice/benchmarks/internal/measure"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -41,7 +42,7 @@ func readCounters(ctx context.Context, rdb *redis.Client) (counters, error) {
 		serverCPU:  number(in.number("used_cpu_user")) + number(in.number("used_cpu_sys")),
 		fcalls:     number(in.commandStat("fcall", "calls")),
 		fcallUsec:  number(in.commandStat("fcall", "usec")),
-		clientCPU:  float64(processCPU().Nanoseconds()) / 1e3,
+		clientCPU:  float64(measure.ProcessCPU().Nanoseconds()) / 1e3,
 	}
 	return c, errors.Join(errs...)
 }

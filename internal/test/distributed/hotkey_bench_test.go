@@ -47,7 +47,11 @@ func BenchmarkHotKey(b *testing.B) {
 	cpu := masterCPU(b, c.Addrs())
 	for _, client := range []string{harness.BackendGoRedis, harness.BackendRueidis} {
 		for _, goroutines := range []int{64, 256} {
-			store := clusterBackend(b, client, c.Addrs(), goroutines)
+			store, closeStore, err := benchStore(client, c.Addrs(), goroutines)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(closeStore)
 			for _, split := range []string{"bare", "pass", "n3", "n6"} {
 				key := fmt.Sprintf("hotkey:%s:%d:%s:%d", client, goroutines, split, time.Now().UnixNano())
 				backend := store
@@ -126,35 +130,38 @@ func benchHotKey(b *testing.B, backend ratelimit.Backend, key string, cfg rateli
 	b.ReportMetric(100*float64(busiest)/float64(max(total, 1)), "busiest-master-%")
 }
 
-// clusterBackend is the backend of client on the cluster at addrs, with
-// the best documented settings for goroutines callers: for go-redis a
-// pool as large as the goroutines; for rueidis its defaults. Timeouts are
-// long, so that a loaded machine slows the run rather than failing it.
-func clusterBackend(b *testing.B, client string, addrs []string, goroutines int) ratelimit.Backend {
+// benchStore is the backend of client on the servers at addrs, with the
+// best documented settings for goroutines callers: for go-redis a pool as
+// large as the goroutines (redis.NewUniversalClient, a ClusterClient for
+// more than one address); for rueidis its defaults, without client-side
+// caching. Timeouts are long, so that a loaded machine slows the run
+// rather than failing it. close closes the client.
+func benchStore(client string, addrs []string, goroutines int) (backend ratelimit.Backend, close func(), err error) {
 	switch client {
 	case harness.BackendGoRedis:
-		c := redis.NewClusterClient(&redis.ClusterOptions{
+		c := redis.NewUniversalClient(&redis.UniversalOptions{
 			Addrs: addrs, MaxRetries: -1, ContextTimeoutEnabled: true, PoolSize: goroutines,
 			ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second,
 		})
-		b.Cleanup(func() { c.Close() })
-		backend, err := redisbackend.New(c)
+		b, err := redisbackend.New(c)
 		if err != nil {
-			b.Fatal(err)
+			c.Close()
+			return nil, nil, err
 		}
-		return backend
-	default:
+		return b, func() { c.Close() }, nil
+	case harness.BackendRueidis:
 		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
 		if err != nil {
-			b.Fatal(err)
+			return nil, nil, err
 		}
-		b.Cleanup(c.Close)
-		backend, err := rueidisbackend.New(c)
+		b, err := rueidisbackend.New(c)
 		if err != nil {
-			b.Fatal(err)
+			c.Close()
+			return nil, nil, err
 		}
-		return backend
+		return b, c.Close, nil
 	}
+	return nil, nil, fmt.Errorf("client %q is not %q or %q", client, harness.BackendGoRedis, harness.BackendRueidis)
 }
 
 // masterCPU returns a function that reads the CPU time each server at

@@ -15,11 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
-
-	redisbackend "github.com/sluicehq/sluice/backend/redis"
-	rueidisbackend "github.com/sluicehq/sluice/backend/rueidis"
 	"github.com/sluicehq/sluice/internal/test/harness"
 	"github.com/sluicehq/sluice/internal/test/servers"
 	"github.com/sluicehq/sluice/lease"
@@ -301,7 +296,7 @@ func runLeasedChild(in io.Reader, out io.Writer) error {
 	if err := cmds.Decode(&job); err != nil {
 		return fmt.Errorf("read the job: %w", err)
 	}
-	store, closeStore, err := hotKeyStore(job.Client, job.Addr, job.Goroutines)
+	store, closeStore, err := benchStore(job.Client, []string{job.Addr}, job.Goroutines)
 	if err != nil {
 		return err
 	}
@@ -432,40 +427,6 @@ func (c *countedStore) Do(ctx context.Context, key string, cfg ratelimit.Config,
 		c.tokens.Add(d.Consumed)
 	}
 	return d, err
-}
-
-// hotKeyStore is the backend of client on the standalone server at
-// addr, with the best documented settings for goroutines callers, as
-// clusterBackend has them: for go-redis a pool as large as the
-// goroutines; for rueidis its defaults, without client-side caching.
-// Timeouts are long, so that a loaded machine slows the run rather than
-// failing it. close closes the client.
-func hotKeyStore(client, addr string, goroutines int) (backend ratelimit.Backend, close func(), err error) {
-	switch client {
-	case harness.BackendGoRedis:
-		c := redis.NewClient(&redis.Options{
-			Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, PoolSize: goroutines,
-			ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second,
-		})
-		b, err := redisbackend.New(c)
-		if err != nil {
-			c.Close()
-			return nil, nil, err
-		}
-		return b, func() { c.Close() }, nil
-	case harness.BackendRueidis:
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
-		if err != nil {
-			return nil, nil, err
-		}
-		b, err := rueidisbackend.New(c)
-		if err != nil {
-			c.Close()
-			return nil, nil, err
-		}
-		return b, c.Close, nil
-	}
-	return nil, nil, fmt.Errorf("client %q is not %q or %q", client, harness.BackendGoRedis, harness.BackendRueidis)
 }
 
 // processCPU is the user and system time this process has used.

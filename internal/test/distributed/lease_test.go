@@ -273,30 +273,7 @@ func redisPause(t *testing.T, backend string) {
 		Lease:  &harness.Lease{Target: 100 * time.Millisecond, MaxShare: 0.25},
 	}
 	in := servers.StartInstances(t, build.Bin(t), 2, spec)
-	in.Go(t)
-	in.WaitHeld(t)
-	in.WaitIdle(t)
-	server.Pause(t)
-	paused := time.Now().UnixNano()
-	in.Go(t)
-	in.WaitHeld(t)
-	in.WaitIdle(t)
-	resumed := time.Now().UnixNano()
-	server.Resume(t)
-	in.Go(t)
-	calls := in.Wait(t)
-
-	var phase [3]harness.Tally
-	for _, c := range calls {
-		i := 0
-		switch {
-		case c.Start > resumed:
-			i = 2
-		case c.Start > paused:
-			i = 1
-		}
-		phase[i] = phase[i].Add(c)
-	}
+	calls, phase := pausedPhases(t, in, server)
 	for i, name := range []string{"before the pause", "during it", "after it"} {
 		t.Logf("%-16s %4d calls: %4d admitted, %4d denied, %4d degraded (the policy's denials), %d failed",
 			name, phase[i].Calls, phase[i].Admitted, phase[i].Denied, phase[i].Degraded, phase[i].Failed)

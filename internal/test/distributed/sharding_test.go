@@ -265,30 +265,7 @@ func TestShardedPause(t *testing.T) {
 				Shard:  &harness.Shard{N: 3, Retries: sharding.DefaultRetries},
 			}
 			in := servers.StartInstances(t, build.Bin(t), 2, spec)
-			in.Go(t)
-			in.WaitHeld(t)
-			in.WaitIdle(t)
-			stopped.Pause(t)
-			paused := time.Now().UnixNano()
-			in.Go(t)
-			in.WaitHeld(t)
-			in.WaitIdle(t)
-			resumed := time.Now().UnixNano()
-			stopped.Resume(t)
-			in.Go(t)
-			calls := in.Wait(t)
-
-			var phase [3]harness.Tally
-			for _, call := range calls {
-				i := 0
-				switch {
-				case call.Start > resumed:
-					i = 2
-				case call.Start > paused:
-					i = 1
-				}
-				phase[i] = phase[i].Add(call)
-			}
+			_, phase := pausedPhases(t, in, stopped)
 			total := phase[0].Admitted + phase[1].Admitted + phase[2].Admitted
 			for i, name := range []string{"before the pause", "during it", "after it"} {
 				t.Logf("%-16s %4d calls: %4d admitted by the store, %4d denied, %d degraded, %d failed", name, phase[i].Calls, phase[i].Admitted, phase[i].Denied, phase[i].Degraded, phase[i].Failed)
@@ -372,4 +349,37 @@ func TestShardedFailover(t *testing.T) {
 	if got := inspectView(t, view, key, cfg).Remaining; got != left {
 		t.Errorf("Remaining %d after the failover; want %d, as before it", got, left)
 	}
+}
+
+// pausedPhases runs the three phases of in, whose spec holds at the ends
+// of the first two, with server paused through the second, and returns
+// the calls and their tally by phase (before the pause, during it, after
+// it), each call by when it started.
+func pausedPhases(t *testing.T, in *servers.Instances, server *servers.Redis) ([]harness.Call, [3]harness.Tally) {
+	t.Helper()
+	in.Go(t)
+	in.WaitHeld(t)
+	in.WaitIdle(t)
+	server.Pause(t)
+	paused := time.Now().UnixNano()
+	in.Go(t)
+	in.WaitHeld(t)
+	in.WaitIdle(t)
+	resumed := time.Now().UnixNano()
+	server.Resume(t)
+	in.Go(t)
+	calls := in.Wait(t)
+
+	var phase [3]harness.Tally
+	for _, c := range calls {
+		i := 0
+		switch {
+		case c.Start > resumed:
+			i = 2
+		case c.Start > paused:
+			i = 1
+		}
+		phase[i] = phase[i].Add(c)
+	}
+	return calls, phase
 }

@@ -1,15 +1,15 @@
 //go:build unix
 
-package main
+package measure
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU is the user and system CPU time this process has used, in all
+// ProcessCPU is the user and system CPU time this process has used, in all
 // its threads: the client's share of a decision's cost.
-func processCPU() time.Duration {
+func ProcessCPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
