@@ -75,3 +75,10 @@ type noBackend struct{}
 func (noBackend) Do(context.Context, string, Config, Request) (Decision, error) {
 	return Decision{}, fmt.Errorf("%w: Limiter has no Backend", ErrBackendUnavailable)
 }
+
+func (noBackend) DoPermit(_ context.Context, key string, lim Concurrency, req PermitRequest) (PermitDecision, error) {
+	if err := CheckPermit(key, lim, req); err != nil {
+		return PermitDecision{}, err
+	}
+	return PermitDecision{}, fmt.Errorf("%w: Limiter has no Backend", ErrBackendUnavailable)
+}

@@ -141,3 +141,9 @@ func (s *Stacked) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// DoPermit applies req through the layers and the store, which must hold
+// permits (see [PermitBackend]).
+func (s *Stacked) DoPermit(ctx context.Context, key string, lim Concurrency, req PermitRequest) (PermitDecision, error) {
+	return Permits(s.top).DoPermit(ctx, key, lim, req)
+}

@@ -73,6 +73,7 @@ type Backend struct {
 
 	maxKeys int64
 	keys    atomic.Int64 // buckets held, never above maxKeys
+	sems    semaphores   // the concurrency permits (see DoPermit)
 	// expiryHint is a time before which no held bucket expires, learned by
 	// a sweep; until then a new key at the cap is refused without sweeping
 	// again. Lowered by every decision that stores an earlier expiry.
@@ -340,6 +341,7 @@ func New(opts ...Option) *Backend {
 	}
 	m := &Backend{
 		buckets: xsync.NewMap[string, *bucket](),
+		sems:    semaphores{m: xsync.NewMap[string, *semaphore]()},
 		maxKeys: int64(o.maxKeys),
 		clock:   o.clock,
 		origin:  time.Now(),
@@ -574,7 +576,9 @@ func (m *Backend) sweepEvery(interval time.Duration) {
 		case <-m.stop:
 			return
 		case <-t.C:
-			m.sweep(m.now())
+			now := m.now()
+			m.sweep(now)
+			m.sweepPermits(now)
 		}
 	}
 }
@@ -614,6 +618,14 @@ func (m *Backend) Close() error {
 				m.drop(key, b)
 			}
 			b.mu.Unlock()
+			return true
+		})
+		m.sems.m.Range(func(key string, s *semaphore) bool {
+			s.mu.Lock()
+			if !s.dead {
+				m.dropSemaphore(key, s)
+			}
+			s.mu.Unlock()
 			return true
 		})
 	})
