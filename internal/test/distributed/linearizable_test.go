@@ -213,15 +213,21 @@ func TestRacyIsCaught(t *testing.T) {
 	})
 }
 
-// visualize writes porcupine's view of a failed check to a file that
+// visualize writes porcupine's view of a failed check of r to a file that
 // outlives the test, and returns its path.
 func visualize(r run, info porcupine.LinearizationInfo) string {
+	return visualizeModel(r.model(), info)
+}
+
+// visualizeModel writes porcupine's view of a failed check against model
+// to a file that outlives the test, and returns its path.
+func visualizeModel(model porcupine.Model, info porcupine.LinearizationInfo) string {
 	f, err := os.CreateTemp("", "sluice-linearizability-*.html")
 	if err != nil {
 		return err.Error()
 	}
 	defer f.Close()
-	if err := porcupine.Visualize(r.model(), info, f); err != nil {
+	if err := porcupine.Visualize(model, info, f); err != nil {
 		return err.Error()
 	}
 	return f.Name()

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -59,11 +60,12 @@ func InstanceMain(connect Connector) {
 	os.Exit(0)
 }
 
-// out writes the lines the harness reads; each line in one write, so a kill
-// never leaves half a line, and no other write on stdout splits one (a
-// pipe takes a write of up to 4KiB whole).
+// out writes the lines the harness reads on stdout, or on w if set; each
+// line in one write, so a kill never leaves half a line, and no other
+// write on stdout splits one (a pipe takes a write of up to 4KiB whole).
 type out struct {
 	mu sync.Mutex
+	w  io.Writer
 }
 
 func (o *out) line(l Line) {
@@ -73,7 +75,11 @@ func (o *out) line(l Line) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	_, _ = os.Stdout.Write(slices.Concat([]byte(LinePrefix), b, []byte{'\n'})) // a closed stdout means the harness is gone
+	w := o.w
+	if w == nil {
+		w = os.Stdout
+	}
+	_, _ = w.Write(slices.Concat([]byte(LinePrefix), b, []byte{'\n'})) // a closed stdout means the harness is gone
 }
 
 func runInstance(o *out, connect Connector) error {
@@ -94,6 +100,9 @@ func runInstance(o *out, connect Connector) error {
 		return fmt.Errorf("spec: Goroutines %d, Attempts %d", spec.Goroutines, spec.Attempts)
 	}
 	if err := checkHolds(spec); err != nil {
+		return err
+	}
+	if err := checkPermits(spec); err != nil {
 		return err
 	}
 	if len(spec.Requests) == 0 {
@@ -126,6 +135,11 @@ func runInstance(o *out, connect Connector) error {
 	if err := warm(conn); err != nil {
 		return err
 	}
+	clients, err := newClients(spec, backend, index)
+	if err != nil {
+		return err
+	}
+	defer clients.close()
 	o.line(Line{Ready: true})
 
 	if err := awaitGo(in); err != nil {
@@ -133,24 +147,69 @@ func runInstance(o *out, connect Connector) error {
 	}
 	g := newGate(spec, func() { o.line(Line{Held: true}) })
 	go g.serve(in)
-	var wg sync.WaitGroup
+	if err := runClients(o, g, clients, spec); err != nil {
+		return err
+	}
+	if spec.Settle {
+		return settle(backend, spec)
+	}
+	return nil
+}
+
+// runClients runs spec's goroutines, each making the attempts g hands it
+// with its client and writing a Line of each call, until g has none left
+// or a client fails.
+func runClients(o *out, g *gate, cs clients, spec Spec) error {
+	var (
+		wg   sync.WaitGroup
+		errs = make([]error, spec.Goroutines)
+	)
 	for gi := range spec.Goroutines {
 		wg.Go(func() {
+			client := cs.client(gi)
 			for {
-				i, ok := g.take()
+				i, ok := g.take(gi)
 				if !ok {
 					return
 				}
-				o.line(Line{Call: call(o, g, backend, spec, index, gi, i)})
+				c, err := client(o, g, i)
+				if err != nil {
+					errs[gi] = err
+					return
+				}
+				o.line(Line{Call: c})
 				time.Sleep(spec.Pause)
 			}
 		})
 	}
 	wg.Wait()
-	if spec.Settle {
-		return settle(backend, spec)
+	return errors.Join(errs...)
+}
+
+// A client makes a goroutine's attempts: attempt i's call, reported as it
+// starts, returned once done; or an error that ends the instance.
+type client func(o *out, g *gate, i int) (*Call, error)
+
+// clients make the goroutines of an instance: calls on the bucket, or
+// the clients of a permits run.
+type clients struct {
+	client func(gi int) client
+	close  func()
+}
+
+// newClients returns the clients of spec's goroutines, on backend.
+func newClients(spec Spec, backend ratelimit.Backend, index int) (clients, error) {
+	if spec.Permits != nil {
+		return newPermitClients(spec, backend, index)
 	}
-	return nil
+	return clients{
+		client: func(gi int) client {
+			return func(o *out, g *gate, i int) (*Call, error) {
+				return call(o, g, backend, spec, index, gi, i), nil
+			}
+		},
+		close: func() {},
+	}, nil
 }
 
 // settle makes Estimate calls until the store decides one; see
@@ -264,30 +323,44 @@ type gate struct {
 
 	mu       sync.Mutex
 	released sync.Cond // signalled when a hold is released
-	next     int       // the next attempt to hand out
-	started  int       // the attempts whose start has been reported
-	passed   int       // the holds released so far
+	// next are the next attempts to hand out: one shared by every
+	// goroutine, or, in a permits run, one a goroutine, each stepping by
+	// the goroutines (see Permits).
+	next    []int
+	started int // the attempts whose start has been reported
+	passed  int // the holds released so far
 }
 
 func newGate(spec Spec, held func()) *gate {
-	g := &gate{attempts: spec.Attempts, holds: spec.Holds, timeout: spec.Timeout, held: held}
+	g := &gate{attempts: spec.Attempts, holds: spec.Holds, timeout: spec.Timeout, held: held, next: []int{0}}
+	if spec.Permits != nil {
+		g.next = make([]int, spec.Goroutines)
+		for gi := range g.next {
+			g.next[gi] = gi
+		}
+	}
 	g.released.L = &g.mu
 	return g
 }
 
-// take returns the next attempt, waiting at a hold until it is released,
-// or false once every attempt has been handed out.
-func (g *gate) take() (int, bool) {
+// take returns goroutine gi's next attempt, waiting at a hold until it is
+// released, or false once every attempt it may make has been handed out.
+func (g *gate) take(gi int) (int, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for g.passed < len(g.holds) && g.next == g.holds[g.passed].At {
+	next := &g.next[0]
+	if len(g.next) > 1 {
+		next = &g.next[gi]
+	}
+	for g.passed < len(g.holds) && *next >= g.holds[g.passed].At {
 		g.released.Wait()
 	}
-	if g.next >= g.attempts {
+	i := *next
+	if i >= g.attempts {
 		return 0, false
 	}
-	g.next++
-	return g.next - 1, true
+	*next += len(g.next)
+	return i, true
 }
 
 // start records that attempt i's start has been reported, and returns the
@@ -351,15 +424,46 @@ func checkHolds(spec Spec) error {
 func call(o *out, g *gate, b ratelimit.Backend, spec Spec, index, gi, i int) *Call {
 	req := spec.Requests[i%len(spec.Requests)]
 	c := &Call{Instance: index, Goroutine: gi, Attempt: i, Tokens: tokens(req)}
+	timed(o, g, c, func(ctx context.Context) error {
+		var err error
+		c.Decision, err = b.Do(ctx, spec.Key, spec.Config, req)
+		return err
+	})
+	return c
+}
+
+// timed makes c's call with do, which sets c's decision: it reports the
+// start, bounds the call by the timeout of its attempt's phase, and sets
+// its end and error.
+func timed(o *out, g *gate, c *Call, do func(ctx context.Context) error) {
 	c.Start = time.Now().UnixNano()
 	started := *c
+	if c.Permit != nil {
+		p := *c.Permit
+		started.Permit = &p
+	}
 	o.line(Line{Started: &started})
-	ctx, cancel := context.WithTimeout(context.Background(), g.start(i))
+	ctx, cancel := context.WithTimeout(context.Background(), g.start(c.Attempt))
 	defer cancel()
-	d, err := b.Do(ctx, spec.Key, spec.Config, req)
+	err := do(ctx)
 	c.End = time.Now().UnixNano()
-	c.record(d, err)
-	return c
+	c.fail(err)
+}
+
+// record sets c's outcome from what its call returned: its decision, or
+// its error and whether that error leaves the bucket alone.
+func (c *Call) record(d ratelimit.Decision, err error) {
+	c.Decision = d
+	c.fail(err)
+}
+
+// fail sets c's error, if its call returned one, and whether that error
+// leaves the store alone.
+func (c *Call) fail(err error) {
+	if err != nil {
+		c.Err = err.Error()
+		c.Refused = refused(err)
+	}
 }
 
 // tokens are what req takes if admitted: see [Call].Tokens.
@@ -369,16 +473,6 @@ func tokens(req ratelimit.Request) int64 {
 		return req.Tokens
 	}
 	return 0
-}
-
-// record sets c's outcome from what its call returned: its decision, or
-// its error and whether that error leaves the bucket alone.
-func (c *Call) record(d ratelimit.Decision, err error) {
-	c.Decision = d
-	if err != nil {
-		c.Err = err.Error()
-		c.Refused = refused(err)
-	}
 }
 
 // refused says whether err is one a backend returns without changing the

@@ -68,6 +68,11 @@ type Spec struct {
 	// [Instances.WaitHeld] waits for. Each At must be after the previous
 	// one and before Attempts.
 	Holds []Hold
+	// Permits, if set, makes the run one of concurrency permits on Key
+	// rather than of calls on a bucket: Config, Requests, Shard, Lease and
+	// Settle are then unused (and Shard, Lease and Settle must not be
+	// set). See [Permits].
+	Permits *Permits `json:",omitempty"`
 }
 
 // Server says where a run's Redis is and how a client reaches it (the
@@ -145,6 +150,9 @@ type Call struct {
 	// Tokens are the tokens the call takes if admitted: its request's for
 	// Consume and ConsumeUpTo (at most that many), 0 for the others.
 	Tokens int64 `json:",omitempty"`
+	// Permit is, in a permits run ([Spec].Permits), the call's request and
+	// decision (Decision is then unused); nil in a run on a bucket.
+	Permit *PermitCall `json:",omitempty"`
 }
 
 // Unknown says whether the call's outcome is unknown: it returned an error
