@@ -122,7 +122,10 @@ type Backend struct {
 	topology *redisscript.Topology // nil unless the client is a cluster's
 }
 
-var _ ratelimit.Backend = (*Backend)(nil)
+var (
+	_ ratelimit.Backend       = (*Backend)(nil)
+	_ ratelimit.PermitBackend = (*Backend)(nil)
+)
 
 // name names the backend in its errors.
 const name = "sluice/redis"
@@ -208,6 +211,21 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	reply, err := b.runner.Run(ctx, call)
 	if err != nil {
 		return ratelimit.Decision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
+	}
+	return call.Decision(reply)
+}
+
+// DoPermit applies req to the concurrency permits of key in one call of
+// the permits' function (or script); see [ratelimit.PermitBackend] and
+// Permits in the package documentation.
+func (b *Backend) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
+	call, err := b.settings.PreparePermit(ctx, name, key, lim, req)
+	if err != nil {
+		return ratelimit.PermitDecision{}, err
+	}
+	reply, err := b.runner.Run(ctx, call.Call)
+	if err != nil {
+		return ratelimit.PermitDecision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
 	}
 	return call.Decision(reply)
 }

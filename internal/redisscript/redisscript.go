@@ -75,6 +75,8 @@ var (
 	slidingLog string
 	//go:embed slidingcounter.lua
 	slidingCounter string
+	//go:embed permits.lua
+	permits string
 )
 
 // algorithms are the algorithms' files, one per algorithm but for
@@ -91,14 +93,22 @@ var algorithms = []Script{
 
 // Scripts are the scripts, one per entry of algorithms: prelude.lua, the
 // algorithm's file, then fast, and unless it answered begin and run, on
-// KEYS and ARGV. [Call.Script] indexes it.
+// KEYS and ARGV; then the permits' script (see [PermitCall]): permits.lua,
+// which needs no prelude, and its call. [Call.Script] indexes it.
 var Scripts = func() []Script {
-	s := make([]Script, len(algorithms))
+	s := make([]Script, len(algorithms), len(algorithms)+1)
 	for i, a := range algorithms {
 		s[i] = Script{a.Name, prelude + a.Source + "\n" + entry("KEYS", "ARGV")}
 	}
-	return s
+	return append(s, Script{permitsName, permits + "\nreturn permits(KEYS, ARGV)\n"})
 }()
+
+// permitsName names the permits' script and function.
+const permitsName = "permits"
+
+// permitScript is the index of the permits' script in Scripts, and of its
+// function in [Functions], after the algorithms'.
+var permitScript = len(algorithms)
 
 // entry is the Lua that decides a call on the keys and args named: the
 // algorithm's fast path, and unless it answered, begin and run. A script
