@@ -69,14 +69,17 @@ func permitSpec(t *testing.T, top topology, backend string, goroutines, attempts
 }
 
 // linearizablePermits is the run of the linearizability and overlap
-// checks: 2 processes × 16 goroutines, 10 calls each, on a key whose
-// leases (5 minutes) outlast the run, so that no lease ends in it. A
-// permit is held for 1 to 10ms; one in 8 is acquired again while held,
+// checks: 2 processes × 8 goroutines, 50 calls each, 5ms apart, on a key
+// whose leases (5 minutes) outlast the run, so that no lease ends in it.
+// A permit is held for 1 to 10ms; one in 8 is acquired again while held,
 // one call in 10 of a goroutine holding none is an inspect, and one
-// acquire in 4 takes a weight of 2.
+// acquire in 4 takes a weight of 2. (With 2 × 16 goroutines, the denied
+// acquires in flight at once, each a read that porcupine may place
+// before or after any other, sometimes kept its search going past a
+// minute; with 2 × 8 it takes milliseconds to seconds.)
 func linearizablePermits(t *testing.T, top topology, backend string, counter string, seed uint64) harness.Spec {
-	spec := permitSpec(t, top, backend, 16, 10, 5*time.Minute, counter)
-	spec.Pause = time.Millisecond
+	spec := permitSpec(t, top, backend, 8, 50, 5*time.Minute, counter)
+	spec.Pause = 5 * time.Millisecond
 	p := spec.Permits
 	p.Weights = []int64{1, 1, 1, 2}
 	p.HoldMin, p.HoldMax = time.Millisecond, 10*time.Millisecond
@@ -90,6 +93,7 @@ type permitsResult struct {
 	tally harness.PermitTally
 	check porcupine.CheckResult
 	info  porcupine.LinearizationInfo
+	took  time.Duration // porcupine's check
 	// counter is the overlap counter after the run.
 	counter int64
 }
@@ -104,7 +108,9 @@ func runLinearizablePermits(t *testing.T, spec harness.Spec, oc overlapCounter) 
 	r.calls = in.Wait(t)
 	r.tally = harness.CountPermits(r.calls, spec.Permits.Concurrency)
 	r.counter = oc.value(t, spec.Key)
+	start := time.Now()
 	r.check, r.info = porcupine.CheckOperationsVerbose(permitModel(permitLimit), permitHistory(spec, r.calls), checkTimeout)
+	r.took = time.Since(start)
 	return r
 }
 
@@ -137,7 +143,7 @@ func TestPermitsLinearizable(t *testing.T) {
 					t.Logf("%d runs: porcupine's check of the first %d ran out of %v", runs, runs-1, checkTimeout)
 				}
 				n := r.tally
-				logPermits(t, fmt.Sprintf("2 processes × %d goroutines, porcupine %v", spec.Goroutines, res), n)
+				logPermits(t, fmt.Sprintf("2 processes × %d goroutines, porcupine %v in %v", spec.Goroutines, res, r.took.Round(time.Millisecond)), n)
 				if res != porcupine.Ok {
 					t.Errorf("porcupine: %v; visualization in %s", res, visualizePermits(r.info))
 				}
@@ -175,7 +181,7 @@ func TestRacyPermitsAreCaught(t *testing.T) {
 	for seed := range uint64(3) {
 		spec := linearizablePermits(t, top, harness.BackendRacy, oc.addr, seed)
 		r := runLinearizablePermits(t, spec, oc)
-		logPermits(t, fmt.Sprintf("run %d, porcupine %v", seed, r.check), r.tally)
+		logPermits(t, fmt.Sprintf("run %d, porcupine %v in %v", seed, r.check, r.took.Round(time.Millisecond)), r.tally)
 		porcupineCaught = porcupineCaught || r.check == porcupine.Illegal
 		counterCaught = counterCaught || r.tally.MaxOverlap > permitLimit
 		if porcupineCaught && counterCaught {
@@ -285,6 +291,7 @@ func permitsKill(t *testing.T, top topology, backend string) {
 	in.WaitHeld(t)
 	in.WaitIdle(t)
 	in.Kill(t, 0)
+	kill := time.Now().UnixNano()
 	killed := in.Wait(t)
 	if n := harness.CountPermits(killed, lim); n.Calls != permitLimit || n.Granted != permitLimit || n.Violations != 0 {
 		t.Fatalf("the killed instance's calls: %+v; want %d acquires, each granted", n, permitLimit)
@@ -328,8 +335,8 @@ func permitsKill(t *testing.T, top topology, backend string) {
 			t.Errorf("taker %d: TryAcquire after the kill: %+v; want it denied with all %d in flight", i, d, permitLimit)
 		case tk.fullStart+int64(d.RetryAfter) > firstEnd[1]+slack || tk.fullEnd+int64(d.RetryAfter) < firstEnd[0]-slack:
 			t.Errorf("taker %d: RetryAfter %v at [%v, %v] after the kill; want it to end with the first killed lease, within [%v, %v]",
-				i, d.RetryAfter, time.Duration(tk.fullStart-killed[0].End), time.Duration(tk.fullEnd-killed[0].End),
-				time.Duration(firstEnd[0]-killed[0].End), time.Duration(firstEnd[1]-killed[0].End))
+				i, d.RetryAfter, time.Duration(tk.fullStart-kill), time.Duration(tk.fullEnd-kill),
+				time.Duration(firstEnd[0]-kill), time.Duration(firstEnd[1]-kill))
 		}
 		if tk.err != nil {
 			t.Errorf("taker %d: Acquire: %v; want a permit within the lease + %v", i, tk.err, killMargin)
@@ -349,9 +356,9 @@ func permitsKill(t *testing.T, top topology, backend string) {
 			t.Errorf("permit %d taken %v before the %d-th killed lease could end", m+1, time.Duration(ends[m]-got[m]), m+1)
 		}
 	}
-	t.Logf("lease %v: the killed leases ended within [%v, %v] of the kill; this process took them back %v to %v after it",
-		lim.Lease, time.Duration(ends[0]-killed[0].End).Round(time.Millisecond), time.Duration(lastEnd-killed[0].End).Round(time.Millisecond),
-		time.Duration(got[0]-killed[0].End).Round(time.Millisecond), time.Duration(got[len(got)-1]-killed[0].End).Round(time.Millisecond))
+	ms := func(ns int64) time.Duration { return time.Duration(ns - kill).Round(time.Millisecond) }
+	t.Logf("lease %v: the killed leases ended %v to %v after the kill; this process took the permits back %v to %v after it",
+		lim.Lease, ms(ends[0]), ms(lastEnd), ms(got[0]), ms(got[len(got)-1]))
 	if d := obs.inspect(t); d.InFlight != permitLimit {
 		t.Errorf("%d in flight with this process's %d permits; want those alone", d.InFlight, permitLimit)
 	}
@@ -538,4 +545,3 @@ func permitsPause(t *testing.T, top topology, backend string, oc overlapCounter,
 	t.Logf("%d in flight after the resume (%d held across it); none held %v after the run's last call (lease %v)",
 		resumed.InFlight, permitLimit-released, none.Sub(last).Round(time.Millisecond), lim.Lease)
 }
-

@@ -21,4 +21,10 @@
 // harness, writes a [Line] for each call, after [LinePrefix] on stdout.
 // Spec.Holds divide a run into phases so that a caller can strike a fault
 // at a point the calls cannot run past.
+//
+// A run may hold concurrency permits instead ([Spec].Permits): each
+// goroutine is then a client that acquires a permit of one key, holds it
+// and releases it, reporting each call with its [PermitCall], and may
+// count the permits it holds on an overlap counter of a server of its own;
+// [CountPermits] adds up such a run and checks each decision.
 package harness

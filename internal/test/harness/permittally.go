@@ -18,7 +18,7 @@ type PermitTally struct {
 	// Releases are the releases the store decided; Released, those it
 	// granted.
 	Releases, Released int
-	Inspects int
+	Inspects           int
 	// Failed are the calls that returned an error; Unknown, those of them
 	// whose outcome is unknown ([Call.Unknown]).
 	Failed, Unknown int

@@ -13,16 +13,17 @@ const (
 	BackendGoRedis = "goredis"
 	// BackendRueidis is backend/rueidis on a rueidis client.
 	BackendRueidis = "rueidis"
-	// BackendRacy reads the bucket with GET, decides in Go with
-	// ratelimit.Apply and writes it back with SET: deliberately not
-	// atomic, so that a checker can be shown to catch it. Tests only.
+	// BackendRacy reads the bucket (or the key's permits) with GET,
+	// decides in Go with ratelimit.Apply (ApplyPermit) and writes it back
+	// with SET: deliberately not atomic, so that a checker can be shown
+	// to catch it. Tests only.
 	BackendRacy = "racy"
 )
 
 // Spec is what every process of a distributed run does: it connects to
 // Redis with Backend as [Server] says, then, once released, runs
 // Goroutines goroutines that make Attempts calls in all on the bucket at
-// Key with Config.
+// Key with Config, or, in a permits run (Permits), on Key's permits.
 type Spec struct {
 	// Backend is BackendGoRedis, BackendRueidis or BackendRacy.
 	Backend string
@@ -35,7 +36,8 @@ type Spec struct {
 	// makes Requests[i % len(Requests)]. Empty means Consume of 1 token.
 	Requests []ratelimit.Request
 	// Goroutines make the calls concurrently, taking the next attempt as
-	// each finishes one; Attempts is this instance's total.
+	// each finishes one (in a permits run, each its own: see [Permits]);
+	// Attempts is this instance's total.
 	Goroutines, Attempts int
 	// Timeout bounds each call; 0 means 10s.
 	Timeout time.Duration
@@ -130,8 +132,8 @@ type Hold struct {
 type Call struct {
 	// Instance is the index of the process; Goroutine, of the goroutine in it.
 	Instance, Goroutine int
-	// Attempt is the instance's attempt number: the call made
-	// Spec.Requests[Attempt % len(Spec.Requests)].
+	// Attempt is the instance's attempt number: on a bucket, the call
+	// made Spec.Requests[Attempt % len(Spec.Requests)].
 	Attempt int
 	// Start and End are the wall-clock times, in ns since the Unix epoch,
 	// just before the call and just after it returned. Every instance runs
