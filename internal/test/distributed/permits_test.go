@@ -422,12 +422,16 @@ const stalledTimeout = 200 * time.Millisecond
 //   - The store is paused. Holders 0 and 1 release their permits, and the
 //     waiters, 8 goroutines of the other process, try to acquire twice
 //     each; every call times out (stalledTimeout), so each release and
-//     acquire is unknown: the store may run it at the resume.
+//     acquire is unknown: the store may run it when it resumes, even
+//     after calls sent later on other connections (measured: up to 20ms
+//     after, on both clients, behind the holders' releases below), and
+//     an acquire so run takes a permit that no goroutine holds until its
+//     lease ends.
 //   - After pauseFor the store is continued. The key holds the 3 permits
-//     held across the pause, and at most the 2 whose release is unknown.
-//     Holders 2 to 4 release theirs: each release must be granted, the
-//     permit still held. Then the waiters acquire, hold and release, 10
-//     calls each, and some acquire must be granted.
+//     held across the pause, and at most the 2 whose release is unknown
+//     (or permits the unknown acquires took in their place). Holders 2 to
+//     4 release theirs: each release must be granted, the permit still
+//     held. Then the waiters acquire, hold and release, 10 calls each.
 //
 // No call started during the pause decides, none after it fails, none
 // breaks the limit (harness.CountPermits and the overlap counter), and
@@ -525,8 +529,8 @@ func permitsPause(t *testing.T, top topology, backend string, oc overlapCounter,
 	if want := released + 2*waiters; phase[1].Calls != want || phase[1].Failed != want {
 		t.Errorf("%d calls during the pause, %d failed; want %d, all failed", phase[1].Calls, phase[1].Failed, want)
 	}
-	if phase[2].Failed != 0 || phase[2].Granted == 0 {
-		t.Errorf("after the pause %d calls failed, %d acquires granted; want none failed, some granted", phase[2].Failed, phase[2].Granted)
+	if phase[2].Failed != 0 {
+		t.Errorf("%d calls failed after the pause; want every call decided", phase[2].Failed)
 	}
 	if resumed.InFlight < permitLimit-released || resumed.InFlight > permitLimit {
 		t.Errorf("%d in flight after the resume; want the %d held across the pause, and at most the %d whose release is unknown",
