@@ -229,18 +229,22 @@ func (o permitObserver) inspect(t *testing.T) ratelimit.PermitDecision {
 }
 
 // untilNoneHeld inspects the key until it holds no permit, and returns
-// when that was; it fails t if the key still holds one at deadline.
-func (o permitObserver) untilNoneHeld(t *testing.T, deadline time.Time) time.Time {
+// when an inspect last began that found one held (the zero Time if none
+// did) and when the first that found none returned; it fails t if the key
+// still holds one at deadline.
+func (o permitObserver) untilNoneHeld(t *testing.T, deadline time.Time) (held, none time.Time) {
 	t.Helper()
 	for {
+		start := time.Now()
 		d := o.inspect(t)
 		now := time.Now()
 		switch {
 		case d.InFlight == 0:
-			return now
+			return held, now
 		case now.After(deadline):
 			t.Fatalf("%d permits still held at the deadline", d.InFlight)
 		}
+		held = start
 		time.Sleep(10 * time.Millisecond)
 	}
 }
@@ -545,7 +549,11 @@ func permitsPause(t *testing.T, top topology, backend string, oc overlapCounter,
 		t.Errorf("overlap counter at %d after the run; want 0", v)
 	}
 	last := time.Unix(0, slices.MaxFunc(calls, func(a, b harness.Call) int { return cmp.Compare(a.End, b.End) }).End)
-	none := obs.untilNoneHeld(t, last.Add(lim.Lease+killMargin))
-	t.Logf("%d in flight after the resume (%d held across it); none held %v after the run's last call (lease %v)",
-		resumed.InFlight, permitLimit-released, none.Sub(last).Round(time.Millisecond), lim.Lease)
+	held, none := obs.untilNoneHeld(t, last.Add(lim.Lease+killMargin))
+	reclaimed := "none held"
+	if !held.IsZero() {
+		reclaimed = fmt.Sprintf("some held %v, none %v", held.Sub(last).Round(time.Millisecond), none.Sub(last).Round(time.Millisecond))
+	}
+	t.Logf("%d in flight after the resume (%d held across it); after the run's last call, %s (lease %v)",
+		resumed.InFlight, permitLimit-released, reclaimed, lim.Lease)
 }
