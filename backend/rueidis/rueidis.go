@@ -15,6 +15,12 @@
 // [github.com/sluicehq/sluice/backend/redis], so processes on either client
 // share buckets; see that package.
 //
+// # Permits
+//
+// [Backend.DoPermit] holds concurrency permits ([ratelimit.Concurrency]) as
+// [github.com/sluicehq/sluice/backend/redis] does, in the same library,
+// key and layout, so processes on either client share them.
+//
 // # Retries
 //
 // rueidis retries only commands marked read-only or retryable after a
@@ -24,8 +30,8 @@
 //
 // # Errors
 //
-// Do returns errors wrapping [ratelimit.ErrTimeout] when a timeout of the
-// client's own (ConnWriteTimeout, say) ends the call,
+// Do and DoPermit return errors wrapping [ratelimit.ErrTimeout] when a
+// timeout of the client's own (ConnWriteTimeout, say) ends the call,
 // [ratelimit.ErrKeyRejected] when the key holds a value sluice did not
 // write (another application's, a Redis type no script keeps, or a damaged
 // state; the key is left as it is), and [ratelimit.ErrBackendUnavailable]

@@ -21,7 +21,8 @@
 //
 // The files are put together two ways, from the same Lua. [Functions] is a
 // Redis Functions library (Redis 7.0 and later) holding a function per
-// algorithm: FUNCTION LOAD runs the prelude and every file once, and each
+// algorithm, and the permits' (see below): FUNCTION LOAD runs the prelude
+// and every file once, and each
 // FCALL runs only the decision, so the prelude's helpers, tables and
 // struct formats (and every algorithm's helpers but the sliding log's) are
 // made once per server instead of on every call.
@@ -41,6 +42,21 @@
 // when the config's fingerprint changes, with no second round trip. The
 // sliding log keeps a sorted set of request times. prelude.lua and each
 // algorithm's file document their layout byte by byte.
+//
+// # Permits
+//
+// permits.lua is [ratelimit.ApplyPermit] in Lua: the concurrency permits
+// of [ratelimit.PermitBackend], one FCALL (or EVALSHA) per acquire,
+// release, renew or inspect, packed by [NewPermitCall] and decoded by
+// [PermitCall.Decision]. It needs no prelude. A key's permits are a sorted
+// set at [PermitKey], the bucket's key and ":permits": the same hash tag,
+// so the same cluster slot, and never a bucket's key. The set holds a
+// member per permit held, holder#1 to holder#w for a holder of weight w,
+// each scored with the end of its lease in µs, so it never holds more
+// members than its largest limit; every call first removes the members
+// whose lease has ended on the clock the call decides on (the server's
+// TIME, or the caller's), and the key expires when its last lease ends.
+// permits.lua documents the layout and the commands.
 package redisscript
 
 import (
