@@ -144,9 +144,12 @@ func (p *Permit) Decision() PermitDecision { return p.decision }
 // Release gives the permit back. Only the first call goes to the store;
 // later ones return nil. It returns [ErrPermitLost] if the store no
 // longer held the permit (its lease had ended), and the store's error if
-// it could not be asked: the permit then comes back when its lease ends.
-// Release with a ctx of its own, not one that may be done already (a
-// request's): context.WithoutCancel of it, say.
+// it could not be asked, or an error wrapping [ErrBackendUnavailable] if
+// a fail policy answered for it: the permit then comes back when its
+// lease ends. A permit a fail policy granted (its Decision is Degraded)
+// was never held by the store, so its Release never returns
+// ErrPermitLost. Release with a ctx of its own, not one that may be done
+// already (a request's): context.WithoutCancel of it, say.
 func (p *Permit) Release(ctx context.Context) error {
 	if p.released.Swap(true) {
 		return nil
@@ -155,14 +158,13 @@ func (p *Permit) Release(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if !d.Granted && !d.Degraded {
-		return fmt.Errorf("%w: key %q: its lease of %v had ended", ErrPermitLost, p.key, p.lim.Lease)
-	}
-	return nil
+	return p.outcome(d, "release")
 }
 
 // Renew starts the permit's lease afresh, on the store's clock. It returns
-// [ErrPermitLost] if the permit was released or its lease had ended.
+// [ErrPermitLost] if the permit was released or its lease had ended, and
+// as Release does when the store could not be asked. A permit a fail
+// policy granted is lost only once released.
 func (p *Permit) Renew(ctx context.Context) error {
 	if p.released.Load() {
 		return fmt.Errorf("%w: key %q: the permit was released", ErrPermitLost, p.key)
@@ -171,10 +173,20 @@ func (p *Permit) Renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if !d.Granted {
-		return fmt.Errorf("%w: key %q: its lease of %v had ended", ErrPermitLost, p.key, p.lim.Lease)
+	return p.outcome(d, "renew")
+}
+
+// outcome is the error of a release or renew that returned d.
+func (p *Permit) outcome(d PermitDecision, op string) error {
+	switch {
+	case d.Granted, p.decision.Degraded:
+		// Granted by a fail policy, the permit was never the store's to
+		// lose.
+		return nil
+	case d.Degraded:
+		return fmt.Errorf("%w: key %q: a fail policy answered the %s: the store was not asked", ErrBackendUnavailable, p.key, op)
 	}
-	return nil
+	return fmt.Errorf("%w: key %q: its lease of %v had ended", ErrPermitLost, p.key, p.lim.Lease)
 }
 
 // KeepAlive renews the permit every third of its lease until ctx ends or
