@@ -128,8 +128,9 @@
 //     request is kept out or cut off; a Release is not granted, and is no
 //     error ([ratelimit.Permit.Release] returns nil): the store frees the
 //     permit when its lease ends. An Inspect is granted. A permit Open
-//     granted is held nowhere: once the store is back, it knows none, and
-//     a [ratelimit.Permit]'s Renew or Release of it returns
+//     granted is held nowhere: once the store is back, it does not know it
+//     (unless it ran the timed-out Acquire late, as below), and a
+//     [ratelimit.Permit]'s Renew or Release of it returns
 //     [ratelimit.ErrPermitLost].
 //   - Closed denies an Acquire, with a RetryAfter of [WithRetryAfter], as
 //     it denies a request; a Renew or a Release is not granted (a Permit's

@@ -32,7 +32,7 @@ func TestPermitStallIntegration(t *testing.T) {
 					store := a.connect(t, server.Addr())
 					pb, ok := store.(ratelimit.PermitBackend)
 					if !ok {
-						t.Skipf("%T holds no permits", store)
+						t.Skipf("%T holds no permits: the Redis backends' DoPermit is not on this branch", store)
 					}
 					key := "permits:" + t.Name()
 					lim := ratelimit.InFlight(4, time.Hour) // a share of 2 for each of 2 instances
