@@ -26,6 +26,21 @@
 // and expires within a second after the bucket has refilled: an idle bucket
 // costs nothing.
 //
+// # Permits
+//
+// [Backend.DoPermit] holds concurrency permits ([ratelimit.Concurrency],
+// taken with [ratelimit.Limiter.TryAcquire] and Acquire) in one more
+// function of the same library, one call per acquire, release or renew,
+// on the server's clock. The permits of key k are a sorted set at
+// {k}:permits, after the prefix: beside the bucket of k, on its cluster
+// slot, with a member (of about 30 bytes for a Limiter's holders) per
+// permit held, so never more than the limit's. Each call first frees the
+// permits whose lease has ended, and the key expires when its last lease
+// does. A retried acquire (see Retries) is harmless: a holder's second
+// acquire keeps the permit it took and renews its lease. A retried
+// release whose first reply was lost finds nothing left to free, and the
+// [ratelimit.Permit] reports [ratelimit.ErrPermitLost].
+//
 // # Pipelining
 //
 // A decision made while no other is out goes on a connection of its own,
@@ -76,19 +91,20 @@
 //
 // # Errors
 //
-// Do returns errors wrapping [ratelimit.ErrTimeout] when a timeout of the
-// client's own (ReadTimeout, say) ends the call, [ratelimit.ErrKeyRejected]
-// when the key holds a value sluice did not write (another application's, a
-// Redis type no script keeps, or a damaged state; the key is left as it
-// is), and [ratelimit.ErrBackendUnavailable] for any other failure of the
-// client or the server. When the caller's context has ended, the error
-// wraps the context's ([context.Canceled] or [context.DeadlineExceeded])
-// and none of these: the caller gave up, the store did not fail. A call
-// whose context is already done sends nothing; one whose context ends while
-// it is out may still have run the script. go-redis does not end a read
-// when a context without a deadline is cancelled: such a call, on a
-// connection of its own, returns only at ReadTimeout, its error wrapping
-// [context.Canceled]; a pipelined one returns at the cancel.
+// Do and DoPermit return errors wrapping [ratelimit.ErrTimeout] when a
+// timeout of the client's own (ReadTimeout, say) ends the call,
+// [ratelimit.ErrKeyRejected] when the key holds a value sluice did not
+// write (another application's, a Redis type no script keeps, or a damaged
+// state; the key is left as it is), and [ratelimit.ErrBackendUnavailable]
+// for any other failure of the client or the server. When the caller's
+// context has ended, the error wraps the context's ([context.Canceled] or
+// [context.DeadlineExceeded]) and none of these: the caller gave up, the
+// store did not fail. A call whose context is already done sends nothing;
+// one whose context ends while it is out may still have run the script.
+// go-redis does not end a read when a context without a deadline is
+// cancelled: such a call, on a connection of its own, returns only at
+// ReadTimeout, its error wrapping [context.Canceled]; a pipelined one
+// returns at the cancel.
 //
 // The message names the sentinel, the backend, the op and the key, then
 // the go-redis error, which stays reachable with errors.Is and errors.As:
@@ -122,7 +138,10 @@ type Backend struct {
 	topology *redisscript.Topology // nil unless the client is a cluster's
 }
 
-var _ ratelimit.Backend = (*Backend)(nil)
+var (
+	_ ratelimit.Backend       = (*Backend)(nil)
+	_ ratelimit.PermitBackend = (*Backend)(nil)
+)
 
 // name names the backend in its errors.
 const name = "sluice/redis"
@@ -208,6 +227,21 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	reply, err := b.runner.Run(ctx, call)
 	if err != nil {
 		return ratelimit.Decision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
+	}
+	return call.Decision(reply)
+}
+
+// DoPermit applies req to the concurrency permits of key in one call of
+// the permits' function (or script); see [ratelimit.PermitBackend] and
+// Permits in the package documentation.
+func (b *Backend) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
+	call, err := b.settings.PreparePermit(ctx, name, key, lim, req)
+	if err != nil {
+		return ratelimit.PermitDecision{}, err
+	}
+	reply, err := b.runner.Run(ctx, call.Call)
+	if err != nil {
+		return ratelimit.PermitDecision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
 	}
 	return call.Decision(reply)
 }

@@ -15,6 +15,12 @@
 // [github.com/sluicehq/sluice/backend/redis], so processes on either client
 // share buckets; see that package.
 //
+// # Permits
+//
+// [Backend.DoPermit] holds concurrency permits ([ratelimit.Concurrency]) as
+// [github.com/sluicehq/sluice/backend/redis] does, in the same library,
+// key and layout, so processes on either client share them.
+//
 // # Retries
 //
 // rueidis retries only commands marked read-only or retryable after a
@@ -24,8 +30,8 @@
 //
 // # Errors
 //
-// Do returns errors wrapping [ratelimit.ErrTimeout] when a timeout of the
-// client's own (ConnWriteTimeout, say) ends the call,
+// Do and DoPermit return errors wrapping [ratelimit.ErrTimeout] when a
+// timeout of the client's own (ConnWriteTimeout, say) ends the call,
 // [ratelimit.ErrKeyRejected] when the key holds a value sluice did not
 // write (another application's, a Redis type no script keeps, or a damaged
 // state; the key is left as it is), and [ratelimit.ErrBackendUnavailable]
@@ -63,7 +69,10 @@ type Backend struct {
 	topology *redisscript.Topology // nil unless the client is a cluster's
 }
 
-var _ ratelimit.Backend = (*Backend)(nil)
+var (
+	_ ratelimit.Backend       = (*Backend)(nil)
+	_ ratelimit.PermitBackend = (*Backend)(nil)
+)
 
 // name names the backend in its errors.
 const name = "sluice/rueidis"
@@ -137,6 +146,21 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	reply, err := b.runner.Run(ctx, call)
 	if err != nil {
 		return ratelimit.Decision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
+	}
+	return call.Decision(reply)
+}
+
+// DoPermit applies req to the concurrency permits of key in one call of
+// the permits' function (or script); see [ratelimit.PermitBackend] and
+// Permits in the package documentation.
+func (b *Backend) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
+	call, err := b.settings.PreparePermit(ctx, name, key, lim, req)
+	if err != nil {
+		return ratelimit.PermitDecision{}, err
+	}
+	reply, err := b.runner.Run(ctx, call.Call)
+	if err != nil {
+		return ratelimit.PermitDecision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
 	}
 	return call.Decision(reply)
 }

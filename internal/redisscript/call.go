@@ -105,13 +105,11 @@ func (c Call) Decision(reply string) (ratelimit.Decision, error) {
 	}
 	var n [6]int64
 	for i := range n {
-		f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[1+8*i : 9+8*i])))
-		// Every number of a decision is whole and within [0, 2^53]; NaN
-		// fails the comparisons.
-		if !(f >= 0 && f <= maxTokens && f == math.Trunc(f)) {
+		// Every number of a decision is whole and within [0, 2^53].
+		var ok bool
+		if n[i], ok = whole(reply[1+8*i:], maxTokens); !ok {
 			return ratelimit.Decision{}, c.badReply(reply)
 		}
-		n[i] = int64(f)
 	}
 	allowed, binding := reply[0], reply[replyLen-1]
 	consumed, limit, remaining, retry, reset, refill := n[0], n[1], n[2], n[3], n[4], n[5]
@@ -124,12 +122,25 @@ func (c Call) Decision(reply string) (ratelimit.Decision, error) {
 		Limit:       limit,
 		Remaining:   remaining,
 		Consumed:    consumed,
-		RetryAfter:  time.Duration(retry) * time.Microsecond,
-		ResetAfter:  time.Duration(reset) * time.Microsecond,
-		RefillAfter: time.Duration(refill) * time.Microsecond,
+		RetryAfter:  micros(retry),
+		ResetAfter:  micros(reset),
+		RefillAfter: micros(refill),
 		Bandwidth:   name,
 	}, nil
 }
+
+// whole decodes the little-endian double that b starts with, which must
+// be a whole number in [0, hi]; NaN fails the comparisons.
+func whole(b string, hi int64) (int64, bool) {
+	f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(b[:8])))
+	if !(f >= 0 && f <= float64(hi) && f == math.Trunc(f)) {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// micros is µs, a reply's time, as a Duration.
+func micros(µs int64) time.Duration { return time.Duration(µs) * time.Microsecond }
 
 func (c Call) badReply(reply string) error {
 	return fmt.Errorf("%w: sluice: key %q: the script replied %q, not a decision", ratelimit.ErrBackendUnavailable, c.Key, reply)
@@ -164,14 +175,20 @@ func (s Settings) Prepare(ctx context.Context, backend, key string, cfg ratelimi
 	if ctx.Err() != nil {
 		return Call{}, ctxerr.Caller(ctx, What(backend, req.Op, key), nil)
 	}
-	now := int64(ServerClock)
-	if s.Clock != nil {
-		now = s.Clock.Now().UnixMicro()
+	return NewCall(s.Prefix, key, cfg, req, s.now()), nil
+}
+
+// now is the time to pack into a call: the settings' clock's in µs, or
+// [ServerClock].
+func (s Settings) now() int64 {
+	if s.Clock == nil {
+		return ServerClock
 	}
-	return NewCall(s.Prefix, key, cfg, req, now), nil
+	return s.Clock.Now().UnixMicro()
 }
 
 // What names a call in its errors: `sluice/redis: Consume on key "k"`.
-func What(backend string, op ratelimit.Op, key string) string {
+// op is a [ratelimit.Op] or a [ratelimit.PermitOp].
+func What(backend string, op fmt.Stringer, key string) string {
 	return fmt.Sprintf("%s: %v on key %q", backend, op, key)
 }

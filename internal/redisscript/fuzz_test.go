@@ -2,6 +2,7 @@ package redisscript_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -15,7 +16,8 @@ var tagUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}")
 
 // FuzzKey: every user key becomes one hash tag around the whole key, with
 // no brace inside it, and the key can be read back, so distinct keys never
-// share a bucket.
+// share a bucket; its permits key is the bucket's and ":permits", on the
+// bucket's slot (but for the empty key, which no call accepts).
 func FuzzKey(f *testing.F) {
 	for _, k := range []string{"user:12345", "{victim}", "a{b}c", "}{", "%7B", "%", "{}", ""} {
 		f.Add(k)
@@ -32,6 +34,9 @@ func FuzzKey(f *testing.F) {
 		}
 		if back := tagUnescaper.Replace(tag); back != key {
 			t.Fatalf("Key(%q) = %q, which reads back as %q", key, rkey, back)
+		}
+		if pk := redisscript.PermitKey("rl:", key); pk != rkey+":permits" || key != "" && redisscript.KeySlot(pk) != redisscript.KeySlot(rkey) {
+			t.Fatalf("PermitKey(%q) = %q; want %q, on the bucket's slot", key, pk, rkey+":permits")
 		}
 	})
 }
@@ -77,4 +82,43 @@ func packReply(allowed byte, consumed, limit, remaining, retry, reset, refill fl
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(n))
 	}
 	return string(append(b, binding))
+}
+
+// FuzzPermitDecision: any reply decodes, for any op, to a permit decision
+// equal to the numbers packed in it and as a script could give it, or to
+// an error; never a panic.
+func FuzzPermitDecision(f *testing.F) {
+	f.Add(packPermitReply(1, 3, 0), uint8(ratelimit.PermitAcquire))
+	f.Add(packPermitReply(0, 5, 1500), uint8(ratelimit.PermitAcquire))
+	f.Add(packPermitReply(1, 0, 0), uint8(ratelimit.PermitRelease))
+	f.Add(packPermitReply(0, 2, 0), uint8(ratelimit.PermitRenew))
+	f.Add(packPermitReply(1, 4, 0), uint8(ratelimit.PermitInspect))
+	f.Add(packPermitReply(2, -1, math.NaN()), uint8(ratelimit.PermitAcquire))
+	f.Add(packPermitReply(0, 1, math.Inf(1)), uint8(ratelimit.PermitAcquire))
+	f.Add(packPermitReply(1, 3, 0)[:16], uint8(ratelimit.PermitAcquire))
+	f.Add("", uint8(ratelimit.PermitInspect))
+	lim := ratelimit.Concurrency{Limit: 5, Lease: time.Second}
+	f.Fuzz(func(t *testing.T, reply string, op uint8) {
+		req := ratelimit.PermitRequest{Op: ratelimit.PermitOp(op % 4), Holder: "h", Weight: 1}
+		call := redisscript.NewPermitCall("", "k", lim, req, redisscript.ServerClock)
+		d, err := call.Decision(reply)
+		if err != nil {
+			if !errors.Is(err, ratelimit.ErrBackendUnavailable) || !strings.Contains(err.Error(), `"{k}:permits"`) {
+				t.Fatalf("reply %q: %v; want ErrBackendUnavailable naming the key", reply, err)
+			}
+			return
+		}
+		if len(reply) != 17 {
+			t.Fatalf("decoded %+v from a reply of %d bytes", d, len(reply))
+		}
+		num := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[1+8*i:]))) }
+		acquire := req.Op == ratelimit.PermitAcquire
+		if d.Granted != (reply[0] == 1) || reply[0] > 1 || d.Degraded || d.Limit != lim.Limit ||
+			float64(d.InFlight) != num(0) || d.InFlight < 0 || d.InFlight > ratelimit.MaxPermits ||
+			d.RetryAfter != time.Duration(num(1))*time.Microsecond || d.RetryAfter < 0 ||
+			(d.RetryAfter > 0) != (acquire && !d.Granted) || acquire && d.InFlight < 1 ||
+			req.Op == ratelimit.PermitInspect && d.Granted != (d.InFlight < lim.Limit) {
+			t.Fatalf("decoded %+v from a bad reply %q to %v", d, reply, req.Op)
+		}
+	})
 }

@@ -6,10 +6,11 @@ import (
 	"strings"
 )
 
-// A Library is the Redis Functions library of every algorithm: loaded once
-// per server with FUNCTION LOAD, then called with FCALL. Loading runs
-// prelude.lua and the algorithms' files once, so a call runs only the
-// decision, not the definitions of every helper as a script does.
+// A Library is the Redis Functions library of every algorithm and of the
+// permits: loaded once per server with FUNCTION LOAD, then called with
+// FCALL. Loading runs prelude.lua and the algorithms' files (and
+// permits.lua) once, so a call runs only the decision, not the definitions
+// of every helper as a script does.
 type Library struct {
 	// Name is the library's name: "sluice_" and a hash of the Lua source.
 	// Two versions of sluice with different scripts so have libraries of
@@ -34,6 +35,7 @@ func newLibrary() Library {
 	for _, a := range algorithms {
 		code += a.Source
 	}
+	code += permits
 	sum := sha1.Sum([]byte(code))
 	lib := Library{Name: "sluice_" + hex.EncodeToString(sum[:])[:hashLen]}
 	var b strings.Builder
@@ -47,6 +49,9 @@ func newLibrary() Library {
 		b.WriteString("do\n" + a.Source)
 		b.WriteString("redis.register_function('" + fn + "', function(keys, args)\n" + entry("keys", "args") + "end)\nend\n")
 	}
+	fn := lib.Name + "_" + permitsName
+	lib.Functions = append(lib.Functions, fn)
+	b.WriteString("do\n" + permits + "redis.register_function('" + fn + "', permits)\nend\n")
 	lib.Source = b.String()
 	return lib
 }

@@ -21,7 +21,8 @@
 //
 // The files are put together two ways, from the same Lua. [Functions] is a
 // Redis Functions library (Redis 7.0 and later) holding a function per
-// algorithm: FUNCTION LOAD runs the prelude and every file once, and each
+// algorithm, and the permits' (see below): FUNCTION LOAD runs the prelude
+// and every file once, and each
 // FCALL runs only the decision, so the prelude's helpers, tables and
 // struct formats (and every algorithm's helpers but the sliding log's) are
 // made once per server instead of on every call.
@@ -41,6 +42,21 @@
 // when the config's fingerprint changes, with no second round trip. The
 // sliding log keeps a sorted set of request times. prelude.lua and each
 // algorithm's file document their layout byte by byte.
+//
+// # Permits
+//
+// permits.lua is [ratelimit.ApplyPermit] in Lua: the concurrency permits
+// of [ratelimit.PermitBackend], one FCALL (or EVALSHA) per acquire,
+// release, renew or inspect, packed by [NewPermitCall] and decoded by
+// [PermitCall.Decision]. It needs no prelude. A key's permits are a sorted
+// set at [PermitKey], the bucket's key and ":permits": the same hash tag,
+// so the same cluster slot, and never a bucket's key. The set holds a
+// member per permit held, holder#1 to holder#w for a holder of weight w,
+// each scored with the end of its lease in µs, so it never holds more
+// members than its largest limit; every call first removes the members
+// whose lease has ended on the clock the call decides on (the server's
+// TIME, or the caller's), and the key expires when its last lease ends.
+// permits.lua documents the layout and the commands.
 package redisscript
 
 import (
@@ -75,6 +91,8 @@ var (
 	slidingLog string
 	//go:embed slidingcounter.lua
 	slidingCounter string
+	//go:embed permits.lua
+	permits string
 )
 
 // algorithms are the algorithms' files, one per algorithm but for
@@ -91,14 +109,22 @@ var algorithms = []Script{
 
 // Scripts are the scripts, one per entry of algorithms: prelude.lua, the
 // algorithm's file, then fast, and unless it answered begin and run, on
-// KEYS and ARGV. [Call.Script] indexes it.
+// KEYS and ARGV; then the permits' script (see [PermitCall]): permits.lua,
+// which needs no prelude, and its call. [Call.Script] indexes it.
 var Scripts = func() []Script {
-	s := make([]Script, len(algorithms))
+	s := make([]Script, len(algorithms), len(algorithms)+1)
 	for i, a := range algorithms {
 		s[i] = Script{a.Name, prelude + a.Source + "\n" + entry("KEYS", "ARGV")}
 	}
-	return s
+	return append(s, Script{permitsName, permits + "\nreturn permits(KEYS, ARGV)\n"})
 }()
+
+// permitsName names the permits' script and function.
+const permitsName = "permits"
+
+// permitScript is the index of the permits' script in Scripts, and of its
+// function in [Functions], after the algorithms'.
+var permitScript = len(algorithms)
 
 // entry is the Lua that decides a call on the keys and args named: the
 // algorithm's fast path, and unless it answered, begin and run. A script

@@ -5,7 +5,7 @@
 // Redis has: exact admission from two clients at once, the library lost
 // and loaded again, another version's library left alone, a server that
 // refuses Redis Functions (scripts instead), TTLs, hash tags, client and
-// server failures, and Check.
+// server failures, Check, and concurrency permits (DoPermit).
 //
 // Each backend's test calls [Run] with an [Adapter]; the adapters differ
 // only in how they build a client. [LowLatency] checks each backend's
@@ -20,9 +20,11 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// Backend is what the Redis backends offer besides [ratelimit.Backend].
+// Backend is what the Redis backends offer: a [ratelimit.Backend] that
+// holds concurrency permits too, and Check.
 type Backend interface {
 	ratelimit.Backend
+	ratelimit.PermitBackend
 	Check(ctx context.Context) (redischeck.Report, error)
 }
 
@@ -60,4 +62,5 @@ func Run(t *testing.T, a Adapter) {
 	t.Run("Keys", func(t *testing.T) { testKeys(t, a, tops) })
 	t.Run("Failures", func(t *testing.T) { testFailures(t, a) })
 	t.Run("Check", func(t *testing.T) { testCheck(t, a) })
+	t.Run("Permits", func(t *testing.T) { testPermits(t, a, tops) })
 }
