@@ -144,11 +144,10 @@ func (p *Permit) Decision() PermitDecision { return p.decision }
 // Release gives the permit back. Only the first call goes to the store;
 // later ones return nil. It returns [ErrPermitLost] if the store no
 // longer held the permit (its lease had ended), and the store's error if
-// it could not be asked, or an error wrapping [ErrBackendUnavailable] if
-// a fail policy answered for it: the permit then comes back when its
-// lease ends. A permit a fail policy granted (its Decision is Degraded)
-// was never held by the store, so its Release never returns
-// ErrPermitLost. Release with a ctx of its own, not one that may be done
+// it could not be asked: the permit then comes back when its lease ends.
+// When a fail policy answers for the store, or granted the permit (its
+// Decision is Degraded, and the store never held it), Release returns
+// nil. Release with a ctx of its own, not one that may be done
 // already (a request's): context.WithoutCancel of it, say.
 func (p *Permit) Release(ctx context.Context) error {
 	if p.released.Swap(true) {
@@ -158,13 +157,20 @@ func (p *Permit) Release(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if d.Degraded {
+		// A fail policy answered: the store frees the permit when its
+		// lease ends.
+		return nil
+	}
 	return p.outcome(d, "release")
 }
 
 // Renew starts the permit's lease afresh, on the store's clock. It returns
-// [ErrPermitLost] if the permit was released or its lease had ended, and
-// as Release does when the store could not be asked. A permit a fail
-// policy granted is lost only once released.
+// [ErrPermitLost] if the permit was released or its lease had ended; the
+// store's error if it could not be asked, or an error wrapping
+// [ErrBackendUnavailable] if a fail policy answered without granting: the
+// permit may still be held, and [Permit.KeepAlive] tries again. A permit
+// a fail policy granted is lost only once released.
 func (p *Permit) Renew(ctx context.Context) error {
 	if p.released.Load() {
 		return fmt.Errorf("%w: key %q: the permit was released", ErrPermitLost, p.key)
@@ -176,7 +182,8 @@ func (p *Permit) Renew(ctx context.Context) error {
 	return p.outcome(d, "renew")
 }
 
-// outcome is the error of a release or renew that returned d.
+// outcome is the error of a renew, or of a release no fail policy
+// answered, that returned d.
 func (p *Permit) outcome(d PermitDecision, op string) error {
 	switch {
 	case d.Granted, p.decision.Degraded:
