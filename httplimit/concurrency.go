@@ -1,13 +1,13 @@
 package httplimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/hold"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -161,12 +161,7 @@ func (h *handler) serveHolding(w http.ResponseWriter, r *http.Request, plan, key
 		h.reject(w, r, rej, min(d.RetryAfter, MaxConcurrencyRetryAfter))
 		return
 	}
-	// The permit goes back however the handler ends, with a context the
-	// request's end does not cancel; a panic goes on up after it.
-	ctx := context.WithoutCancel(r.Context())
-	defer func() { _ = p.Release(ctx) }() // a permit not released comes back when its lease ends
-	defer keepAlive(ctx, p, lim.Lease)()
-	h.next.ServeHTTP(w, r)
+	hold.Run(r.Context(), p, lim.Lease, func() { h.next.ServeHTTP(w, r) })
 }
 
 // permitKey is the key of r's permits, whose bucket key is key.
@@ -179,31 +174,4 @@ func (h *handler) permitKey(r *http.Request, key string) string {
 	b.WriteByte(':')
 	writeSegment(&b, h.concurrencyKey(r), true)
 	return b.String()
-}
-
-// keepAlive renews p while the handler runs, from a third of its lease on,
-// and returns the function that stops the renewals and waits for them to
-// end. A handler that returns sooner costs a timer and no goroutine.
-func keepAlive(ctx context.Context, p *ratelimit.Permit, lease time.Duration) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	t := time.AfterFunc(lease/3, func() {
-		defer close(done)
-		// A renewal now, then one every third of a lease: as if
-		// KeepAlive had run since the acquire, so that two renewals in
-		// a row may fail before the lease ends. A permit lost (its store
-		// away for a whole lease) is not renewed again; the handler runs
-		// on without it.
-		if err := p.Renew(ctx); errors.Is(err, ratelimit.ErrPermitLost) {
-			return
-		}
-		_ = p.KeepAlive(ctx)
-	})
-	return func() {
-		if !t.Stop() {
-			cancel()
-			<-done
-		}
-		cancel()
-	}
 }
