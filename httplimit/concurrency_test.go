@@ -347,8 +347,14 @@ func TestConcurrencyKeys(t *testing.T) {
 		r.RemoteAddr = addr
 		go func() { results <- serve(mw, r).Code }()
 	}
-	<-h.entered
-	<-h.entered // both run at once
+	for entered := 0; entered < 2; { // both run at once
+		select {
+		case <-h.entered:
+			entered++
+		case code := <-results:
+			t.Fatalf("a client refused (%d) while another held its own permit", code)
+		}
+	}
 	close(h.release)
 	if a, b := <-results, <-results; a != 200 || b != 200 {
 		t.Errorf("statuses %d %d, want 200 200", a, b)
