@@ -279,11 +279,11 @@ func serverCPU(b *testing.B, info string) time.Duration {
 func deleteKeys(b *testing.B, rdb *redis.Client, keys []string) {
 	ctx := context.Background()
 	for chunk := range slices.Chunk(keys, 1000) {
-		redisKeys := make([]string, 0, 5*len(chunk))
+		redisKeys := make([]string, 0, 6*len(chunk))
 		for _, k := range chunk {
 			redisKeys = append(redisKeys,
 				redisscript.Key(redisbackend.DefaultPrefix, k), redisscript.Key(gcraPrefix, k),
-				redisRatePrefix+k, throttledPrefix+k, ululePrefix+k)
+				redisRatePrefix+k, throttledPrefix+k, ululePrefix+k, counterPrefix+k)
 		}
 		if err := rdb.Del(ctx, redisKeys...).Err(); err != nil {
 			b.Errorf("delete the benchmark's keys: %v", err)

@@ -13,6 +13,19 @@
 // next call converts the stored state with the [Limiter]'s [Inheritance]
 // strategy, in the same single round trip.
 //
+// # Concurrency limits
+//
+// A rate says how often; a [Concurrency] says how many at once. A
+// [Limiter]'s TryAcquire and Acquire take a [Permit] for a key, of a
+// weight, when the weights held stay within the Limit; the permit's
+// Release gives it back. Each permit has its own holder identity, so a
+// late or second release frees nothing else, and a lease on the store's
+// clock, so a holder that dies gives its permits back within the Lease:
+// work that may run longer renews it ([Permit.KeepAlive]). Backends that
+// hold permits implement [PermitBackend]; every store of sluice's does,
+// and [ApplyPermit] is the math they share. docs/concurrency.md has the
+// semantics, the bound and the failure modes.
+//
 // # Exactness
 //
 // All arithmetic is on integers: time in whole microseconds and tokens in

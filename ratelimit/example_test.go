@@ -233,3 +233,95 @@ func ExampleStack() {
 	// true
 	// ratelimit: invalid config: Stack: two sharding layers
 }
+
+func ExampleLimiter_TryAcquire() {
+	backend := memory.New()
+	defer backend.Close()
+	limiter := ratelimit.New(backend)
+	ctx := context.Background()
+
+	// At most two reports generated at once per tenant; a permit whose
+	// holder dies comes back after 30 seconds.
+	lim := ratelimit.InFlight(2, 30*time.Second)
+
+	var held []*ratelimit.Permit
+	for i := 1; i <= 3; i++ {
+		p, d, err := limiter.TryAcquire(ctx, "reports:tenant-7", lim, 1)
+		if err != nil {
+			fmt.Println("error:", err)
+			return
+		}
+		if p == nil {
+			fmt.Printf("request %d: busy, %d of %d in flight\n", i, d.InFlight, d.Limit)
+			continue
+		}
+		fmt.Printf("request %d: running, %d of %d in flight\n", i, d.InFlight, d.Limit)
+		held = append(held, p)
+	}
+	for _, p := range held {
+		// Release with a context that is not done, even when the
+		// request's is.
+		if err := p.Release(context.WithoutCancel(ctx)); err != nil {
+			fmt.Println("error:", err)
+		}
+	}
+	p, d, _ := limiter.TryAcquire(ctx, "reports:tenant-7", lim, 1)
+	fmt.Printf("after the releases: running, %d of %d in flight\n", d.InFlight, d.Limit)
+	_ = p.Release(ctx)
+	// Output:
+	// request 1: running, 1 of 2 in flight
+	// request 2: running, 2 of 2 in flight
+	// request 3: busy, 2 of 2 in flight
+	// after the releases: running, 1 of 2 in flight
+}
+
+func ExampleLimiter_Acquire() {
+	backend := memory.New()
+	defer backend.Close()
+	limiter := ratelimit.New(backend)
+	lim := ratelimit.InFlight(1, time.Minute)
+
+	first, _ := limiter.Acquire(context.Background(), "exports", lim, 1)
+	go func() {
+		time.Sleep(20 * time.Millisecond) // the first export's work
+		_ = first.Release(context.Background())
+	}()
+
+	// Waits for the first to be released, for at most ten seconds.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	second, err := limiter.Acquire(ctx, "exports", lim, 1)
+	if err != nil {
+		fmt.Println("gave up:", err)
+		return
+	}
+	defer second.Release(context.WithoutCancel(ctx))
+	fmt.Println("second export running")
+	// Output: second export running
+}
+
+func ExamplePermit_KeepAlive() {
+	backend := memory.New()
+	defer backend.Close()
+	limiter := ratelimit.New(backend)
+	ctx := context.Background()
+
+	// A lease of a second, for work that may take longer: KeepAlive renews
+	// the permit until the work is done.
+	p, _, err := limiter.TryAcquire(ctx, "rebuild-index", ratelimit.InFlight(1, time.Second), 1)
+	if err != nil || p == nil {
+		fmt.Println("busy or failed:", err)
+		return
+	}
+	work, done := context.WithCancel(ctx)
+	kept := make(chan error)
+	go func() { kept <- p.KeepAlive(work) }()
+
+	time.Sleep(50 * time.Millisecond) // the long work
+	done()
+	if err := <-kept; err != nil {
+		fmt.Println("lost the permit:", err) // the work should stop
+	}
+	fmt.Println("release:", p.Release(ctx))
+	// Output: release: <nil>
+}

@@ -31,8 +31,9 @@ func (l *Limiter) TryAcquire(ctx context.Context, key string, lim Concurrency, n
 // Acquire waits until it takes a permit of weight n for key under lim, or
 // ctx ends, when it returns ctx's error and holds nothing. It tries as
 // TryAcquire does, and between tries sleeps for a backoff that doubles
-// from [MinAcquireBackoff] to [MaxAcquireBackoff], jittered, and never
-// past the decision's RetryAfter: a store tells no waiter when a permit is
+// from [MinAcquireBackoff] to [MaxAcquireBackoff], each sleep drawn from
+// its upper half, or until the decision's RetryAfter (the first lease's
+// end) when that comes sooner: a store tells no waiter when a permit is
 // released, so waiters poll, and are not served in arrival order.
 func (l *Limiter) Acquire(ctx context.Context, key string, lim Concurrency, n int64) (*Permit, error) {
 	backoff := MinAcquireBackoff
@@ -41,8 +42,10 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim Concurrency, n in
 		if err != nil || p != nil {
 			return p, err
 		}
-		sleep := min(backoff, max(d.RetryAfter, time.Microsecond))
-		sleep = sleep/2 + rand.N(sleep/2+1)
+		sleep := backoff/2 + rand.N(backoff/2+1)
+		if d.RetryAfter > 0 && d.RetryAfter < sleep {
+			sleep = d.RetryAfter
+		}
 		timer := time.NewTimer(sleep)
 		select {
 		case <-timer.C:

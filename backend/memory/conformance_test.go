@@ -10,6 +10,7 @@ import (
 
 func TestConformance(t *testing.T) {
 	ratelimittest.Run(t, ratelimittest.Harness{
+		Permits: true,
 		New: func(t *testing.T, c ratelimit.Clock) ratelimit.Backend {
 			b := memory.New(memory.WithClock(c))
 			t.Cleanup(func() { b.Close() })
@@ -27,6 +28,7 @@ func TestConformanceRealClock(t *testing.T) {
 		t.Skip("sleeps about half a second")
 	}
 	ratelimittest.Run(t, ratelimittest.Harness{
+		Permits:     true,
 		ServerClock: true,
 		New: func(t *testing.T, _ ratelimit.Clock) ratelimit.Backend {
 			b := memory.New()

@@ -9,6 +9,10 @@
 // it so, otherwise by a background sweep once it has expired. The number of
 // stored buckets is capped (see [WithMaxKeys]).
 //
+// The Backend also holds concurrency permits ([ratelimit.PermitBackend]):
+// each key's holders, decided by [ratelimit.ApplyPermit] under that key's
+// lock, dropped when the last is released or its lease ends.
+//
 // # Concurrency
 //
 // A Backend is safe for concurrent use. Calls on different keys never wait
@@ -316,7 +320,8 @@ func WithClock(c ratelimit.Clock) Option {
 }
 
 // WithMaxKeys caps the buckets held at n (at least 1; default
-// [DefaultMaxKeys]). When a new key arrives at the cap, the Backend drops
+// [DefaultMaxKeys]), and the keys that hold concurrency permits, counted
+// apart, at n too (see [Backend.DoPermit]). When a new key arrives at the cap, the Backend drops
 // every bucket that has expired; if none has, the call fails with
 // [ErrTooManyKeys]. A call that leaves a new bucket the same as an absent
 // one (an Estimate or Inspect, or a full Add) stores nothing, so it is never

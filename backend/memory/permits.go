@@ -108,3 +108,6 @@ func (m *Backend) sweepPermits(now int64) {
 }
 
 var _ ratelimit.PermitBackend = (*Backend)(nil)
+
+// PermitKeys returns how many keys hold concurrency permits.
+func (m *Backend) PermitKeys() int { return int(m.sems.keys.Load()) }

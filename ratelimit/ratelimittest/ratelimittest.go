@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"testing"
 	"time"
 
@@ -31,6 +32,11 @@ type Harness struct {
 	// scenario that runs under a real clock refills too slowly for a token
 	// to return while it runs.
 	ServerClock bool
+
+	// Permits makes Run check the backend's concurrency permits too: it
+	// must be a [ratelimit.PermitBackend], and the Permits group runs its
+	// scenarios through DoPermit and the Limiter's permits.
+	Permits bool
 }
 
 // epoch is where every scenario's fake clock starts.
@@ -46,7 +52,11 @@ func Run(t *testing.T, h Harness) {
 		t.Fatal("ratelimittest: Harness.New is nil")
 	}
 	run := runID()
-	for _, g := range suite {
+	groups := suite
+	if h.Permits {
+		groups = append(slices.Clip(groups), group{"Permits", permitScenarios})
+	}
+	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
 			for _, s := range g.scenarios {
 				t.Run(s.name, func(t *testing.T) {
