@@ -177,7 +177,9 @@ func (o *options) setConcurrency(name string, f func(context.Context, string) (r
 // WithConcurrencyKey sets the key of each call's permits apart from its
 // bucket's: a method's name, say, to limit the calls in flight on each
 // method whoever makes them, or a constant for the whole fleet's.
-// Without it a call's permits are at its bucket's key ([WithKey]).
+// Without it a call's permits are at its bucket's key ([WithKey]): a
+// store keeps a key's permits apart from its bucket, as ratelimittest
+// checks.
 func WithConcurrencyKey(f KeyFunc) Option {
 	return func(o *options) error {
 		if f == nil {

@@ -25,23 +25,15 @@ const DefaultConcurrencyStatus = http.StatusTooManyRequests
 // and rounded up to whole seconds, never 0, as every Retry-After is.
 const MaxConcurrencyRetryAfter = 5 * time.Second
 
-// permitPrefixSuffix follows the key prefix in the keys of permits: a
-// prefix cannot hold '~' (see [WithKeyPrefix]), so no bucket key of any
-// middleware is a permit key, whatever store keeps both.
-const permitPrefixSuffix = "~inflight"
-
 // WithConcurrency limits the requests each key has in flight at once to
 // lim.Limit, across every replica that shares the store: the middleware
 // takes a permit for the request's key before the handler runs, and gives
 // it back when the handler returns, or panics. A request that finds every
 // permit held is refused at once, never queued (see
-// [WithConcurrencyStatus]). The key is the request's bucket key (see
-// [New]) with "~inflight" after the prefix, so that each client has lim
-// in flight on each route,
-//
-//	rl~inflight:{tenant}:{plan}:{route}:{kind}:{id}
-//
-// unless [WithConcurrencyKey] chooses which requests share permits.
+// [WithConcurrencyStatus]). The permits are at the request's bucket key
+// (see [New]), so that each client has lim in flight on each route, unless
+// [WithConcurrencyKey] chooses which requests share permits. A store keeps
+// a key's permits apart from its bucket, as ratelimittest checks.
 //
 // A permit is leased for lim.Lease on the store's clock, so that one held
 // by a replica that died comes back within it. A handler still running a
@@ -92,11 +84,10 @@ func WithConcurrencyFunc(f func(r *http.Request, plan string) (ratelimit.Concurr
 // share one key's permits: f returning the route (r.Pattern) limits the
 // requests in flight on each route, whoever sends them; returning the
 // Caller's Tenant, each tenant's; returning "", the whole server's (every
-// replica's that shares the store). The key is "~inflight" after the key
-// prefix, then f's string, escaped as a bucket key's last segment is (see
-// [New]):
+// replica's that shares the store). The key is the key prefix, then f's
+// string, escaped as a bucket key's last segment is (see [New]):
 //
-//	rl~inflight:{f(r)}
+//	rl:{f(r)}
 //
 // Without this option each client has its own permits on each route.
 func WithConcurrencyKey(f func(r *http.Request) string) Option {
@@ -167,10 +158,10 @@ func (h *handler) serveHolding(w http.ResponseWriter, r *http.Request, plan, key
 // permitKey is the key of r's permits, whose bucket key is key.
 func (h *handler) permitKey(r *http.Request, key string) string {
 	if h.concurrencyKey == nil {
-		return h.permitPrefix + key[len(h.prefix):]
+		return key
 	}
 	var b strings.Builder
-	b.WriteString(h.permitPrefix)
+	b.WriteString(h.prefix)
 	b.WriteByte(':')
 	writeSegment(&b, h.concurrencyKey(r), true)
 	return b.String()

@@ -59,7 +59,7 @@ func inFlight(t *testing.T, b ratelimit.PermitBackend, key string, lim ratelimit
 
 // anonKey is the permit key of an anonymous request from httptest's
 // default address, with no route.
-const anonKey = "rl~inflight:-:default:-:ip:192.0.2.1"
+const anonKey = "rl:-:default:-:ip:192.0.2.1"
 
 // blocking is a handler that says when it starts and returns when told.
 type blocking struct {
@@ -130,7 +130,7 @@ func TestConcurrencyExact(t *testing.T) {
 			}
 			key := anonKey
 			if tc.status == 503 {
-				key = "rl~inflight:-"
+				key = "rl:-"
 			}
 			if got := inFlight(t, store, key, lim); got != 0 {
 				t.Errorf("%d permits held after every handler returned", got)
@@ -314,12 +314,12 @@ func TestConcurrencyKeys(t *testing.T) {
 	}{
 		{"address", nil, nil, anonKey},
 		{"api key, tenant, prefix", []httplimit.Option{httplimit.WithKeyPrefix("svc")}, &httplimit.Caller{Tenant: "acme", APIKey: "k_1"},
-			"svc~inflight:acme:default:-:key:k_1"},
+			"svc:acme:default:-:key:k_1"},
 		{"shared by route", []httplimit.Option{httplimit.WithConcurrencyKey(func(r *http.Request) string { return "GET /v1/{id}" })}, nil,
-			"rl~inflight:GET%20/v1/%7Bid%7D"},
-		{"whole server", []httplimit.Option{httplimit.WithConcurrencyKey(func(r *http.Request) string { return "" })}, nil, "rl~inflight:-"},
+			"rl:GET%20/v1/%7Bid%7D"},
+		{"whole server", []httplimit.Option{httplimit.WithConcurrencyKey(func(r *http.Request) string { return "" })}, nil, "rl:-"},
 		{"long digested", []httplimit.Option{httplimit.WithConcurrencyKey(func(r *http.Request) string { return strings.Repeat("t", 200) })}, nil,
-			"rl~inflight:~" + digest(strings.Repeat("t", 200))},
+			"rl:~" + digest(strings.Repeat("t", 200))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := newPermitSpy()

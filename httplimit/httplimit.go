@@ -287,7 +287,7 @@ func New(limiter *ratelimit.Limiter, opts ...Option) (func(http.Handler) http.Ha
 	if o.route == nil {
 		o.route = func(r *http.Request) string { return r.Pattern }
 	}
-	m := &middleware{limiter: limiter, options: o, ips: ips, permitPrefix: o.prefix + permitPrefixSuffix}
+	m := &middleware{limiter: limiter, options: o, ips: ips}
 	if o.static != nil {
 		m.staticPolicy = m.policies.get(*o.static)
 	}
@@ -304,8 +304,6 @@ type middleware struct {
 	policies policies
 	// staticPolicy is WithConfig's policy, worked out once.
 	staticPolicy *policy
-	// permitPrefix is the first segment of permit keys.
-	permitPrefix string
 }
 
 type handler struct {
