@@ -20,7 +20,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice/httplimit"
-	"github.com/sluicehq/sluice/internal/hold"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -110,7 +109,7 @@ func (in *Interceptors) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			return handler(ctx, req)
 		}
 		var resp any
-		hold.Run(ctx, a.permit, a.lease, func() { resp, err = handler(ctx, req) })
+		a.permit.Hold(ctx, func() { resp, err = handler(ctx, req) })
 		return resp, err
 	}
 }
@@ -131,7 +130,7 @@ func (in *Interceptors) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		if a.permit == nil {
 			return handler(srv, ss)
 		}
-		hold.Run(ctx, a.permit, a.lease, func() { err = handler(srv, ss) })
+		a.permit.Hold(ctx, func() { err = handler(srv, ss) })
 		return err
 	}
 }
@@ -141,7 +140,6 @@ func (in *Interceptors) StreamServerInterceptor() grpc.StreamServerInterceptor {
 type admission struct {
 	header metadata.MD
 	permit *ratelimit.Permit
-	lease  time.Duration
 }
 
 // admit decides the call to method: the rate, then the concurrency. An
@@ -169,14 +167,14 @@ func (in *Interceptors) admit(ctx context.Context, method string) (admission, er
 	if in.concurrency == nil {
 		return a, nil
 	}
-	p, d, lease, err := in.acquire(ctx, method, key)
+	p, d, err := in.acquire(ctx, method, key)
 	switch {
 	case err != nil:
 		return a, in.fail(ctx, err) // nil when open: the call goes on without a permit
 	case p == nil:
 		return a, in.concurrencyRefusal(d)
 	}
-	a.permit, a.lease = p, lease
+	a.permit = p
 	return a, nil
 }
 
@@ -191,18 +189,17 @@ func (in *Interceptors) decideRate(ctx context.Context, method, key string) (rat
 }
 
 // acquire tries to take a permit for the call.
-func (in *Interceptors) acquire(ctx context.Context, method, key string) (*ratelimit.Permit, ratelimit.PermitDecision, time.Duration, error) {
+func (in *Interceptors) acquire(ctx context.Context, method, key string) (*ratelimit.Permit, ratelimit.PermitDecision, error) {
 	lim, err := in.concurrency(ctx, method)
 	if err != nil {
-		return nil, ratelimit.PermitDecision{}, 0, err
+		return nil, ratelimit.PermitDecision{}, err
 	}
 	if in.concurrencyKey != nil {
 		if key, err = in.concurrencyKey(ctx, method); err != nil {
-			return nil, ratelimit.PermitDecision{}, 0, keyError(err)
+			return nil, ratelimit.PermitDecision{}, keyError(err)
 		}
 	}
-	p, d, err := in.limiter.TryAcquire(ctx, key, lim, 1)
-	return p, d, lim.Lease, err
+	return in.limiter.TryAcquire(ctx, key, lim, 1)
 }
 
 // header is the rate-limit fields of decision d on a bucket of config

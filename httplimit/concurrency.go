@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/hold"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -152,7 +151,7 @@ func (h *handler) serveHolding(w http.ResponseWriter, r *http.Request, plan, key
 		h.reject(w, r, rej, min(d.RetryAfter, MaxConcurrencyRetryAfter))
 		return
 	}
-	hold.Run(r.Context(), p, lim.Lease, func() { h.next.ServeHTTP(w, r) })
+	p.Hold(r.Context(), func() { h.next.ServeHTTP(w, r) })
 }
 
 // permitKey is the key of r's permits, whose bucket key is key.

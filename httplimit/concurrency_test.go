@@ -236,7 +236,7 @@ func TestConcurrencyKeepAlive(t *testing.T) {
 			t.Errorf("long request: status %d", rec.Code)
 		}
 		synctest.Wait() // no time passes: a renewal left running would be here now
-		if n := goroutinesIn("internal/hold.keepAlive"); n != 0 {
+		if n := goroutinesIn("ratelimit.(*Permit).keepAliveFromAThird"); n != 0 {
 			t.Errorf("%d keep-alive goroutines left after the handler returned", n)
 		}
 		if got := inFlight(t, store, anonKey, lim); got != 0 {

@@ -234,3 +234,45 @@ var holderSeq atomic.Uint64
 func newHolder() string {
 	return holderPrefix + strconv.FormatUint(holderSeq.Add(1), 36)
 }
+
+// Hold calls fn holding the permit, and releases it when fn returns or
+// panics (the panic then goes on up unchanged): what middleware does with
+// a request's permit. While fn runs past a third of the lease, the permit
+// is renewed then and every third of a lease after, as [Permit.KeepAlive]
+// does, on a goroutine a timer starts: an fn that returns sooner costs a
+// timer and no goroutine, and fn's end stops the renewals and waits for
+// them. A permit lost meanwhile (the store away for a whole lease) is not
+// renewed again; fn runs on without it. The renewals and the release use
+// context.WithoutCancel(ctx), so that a request whose client went away
+// still gives its permit back; a release the store fails is left to the
+// lease.
+func (p *Permit) Hold(ctx context.Context, fn func()) {
+	ctx = context.WithoutCancel(ctx)
+	defer func() { _ = p.Release(ctx) }()
+	defer p.keepAliveFromAThird(ctx)()
+	fn()
+}
+
+// keepAliveFromAThird renews p from a third of its lease on, and returns
+// the function that stops the renewals and waits for them to end.
+func (p *Permit) keepAliveFromAThird(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	t := time.AfterFunc(p.lim.Lease/3, func() {
+		defer close(done)
+		// A renewal now, then one every third of a lease: as if
+		// KeepAlive had run since the acquire, so that two renewals in a
+		// row may fail before the lease ends.
+		if err := p.Renew(ctx); errors.Is(err, ErrPermitLost) {
+			return
+		}
+		_ = p.KeepAlive(ctx)
+	})
+	return func() {
+		if !t.Stop() {
+			cancel()
+			<-done
+		}
+		cancel()
+	}
+}
