@@ -17,19 +17,19 @@ var (
 	_ ratelimit.TopologyReporter = (*Backend)(nil)
 )
 
-// Slot returns the Redis Cluster hash slot of the bucket at key, and true;
-// see [ratelimit.SlotMapper]. It is the same whatever the client, since
-// the key layout alone decides it.
+// Slot returns the Redis Cluster hash slot of the bucket at key, and of
+// its permits, and true; see [ratelimit.SlotMapper]. It is the same
+// whatever the client, since the key layout alone decides it.
 func (b *Backend) Slot(key string) (int, bool) {
 	return redisscript.Slot(b.settings.Prefix, key), true
 }
 
 // Node returns the address of the cluster master that serves the bucket at
-// key, from a slot map that the backend loads with CLUSTER SHARDS in the
-// background, and again when it is used a second or more after a load
-// (rueidis keeps its own map to itself); see [ratelimit.NodeLocator]. It
-// returns "" for a client that is not in cluster mode, and until the first
-// map has loaded.
+// key, and its permits, from a slot map that the backend loads with
+// CLUSTER SHARDS in the background, and again when it is used a second or
+// more after a load (rueidis keeps its own map to itself); see
+// [ratelimit.NodeLocator]. It returns "" for a client that is not in
+// cluster mode, and until the first map has loaded.
 func (b *Backend) Node(key string) string {
 	if b.topology == nil {
 		return ""

@@ -17,9 +17,10 @@ func Key(prefix, key string) string {
 
 // PermitKey returns the Redis key of the concurrency permits at the
 // user's key: [Key]'s, then ":permits". It shares the bucket's hash tag, so
-// that in a cluster a key's permits live on the slot of its bucket, and
-// it never equals a bucket's key, which ends with the tag's '}', nor
-// another user key's permits key: the tag ends at the only '}' in it.
+// that in a cluster a key's permits live on the slot of its bucket ([Slot]),
+// and, under a prefix without braces (as [Settings.Check] requires), it
+// never equals a bucket's key, which ends with the tag's '}', nor another
+// user key's permits key: the tag ends at the only '}' in it.
 func PermitKey(prefix, key string) string { return Key(prefix, key) + permitSuffix }
 
 // permitSuffix follows a permits key's hash tag.

@@ -7,8 +7,8 @@ import (
 )
 
 // Slot returns the Redis Cluster hash slot of the bucket at the user's key
-// under prefix: what [KeySlot] says of the Redis key [Key] makes, without
-// making it. For a key that is not empty, under a prefix without braces
+// under prefix, and of its permits ([PermitKey]): what [KeySlot] says of
+// the Redis key [Key] makes, without making it. For a key that is not empty, under a prefix without braces
 // (as [Settings.Check] requires), that is CRC16 of the hash tag, the key
 // itself once escaped, so the prefix plays no part and Slot allocates only
 // for a key holding a character the tag escapes. The empty key, which no

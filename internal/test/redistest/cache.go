@@ -69,7 +69,7 @@ func expectRemaining(t *testing.T, l *ratelimit.Limiter, key string, cfg ratelim
 }
 
 // eventually retries f for up to 5s until it returns no error.
-func eventually(t *testing.T, f func() (ratelimit.Decision, error)) (ratelimit.Decision, error) {
+func eventually[D any](t *testing.T, f func() (D, error)) (D, error) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {

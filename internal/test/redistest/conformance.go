@@ -32,14 +32,16 @@ func topologies(t *testing.T) []topology {
 	}
 }
 
-// testConformance runs ratelimittest on each topology, on a stepped clock
-// (every scenario, exact values: the same the memory backend passes) and on
-// the server's clock; then random sequences against the memory backend.
+// testConformance runs ratelimittest, its permit scenarios included, on
+// each topology, on a stepped clock (every scenario, exact values: the same
+// the memory backend passes) and on the server's clock; then random
+// sequences against the memory backend.
 func testConformance(t *testing.T, a Adapter, tops []topology) {
 	for _, top := range tops {
 		t.Run(top.name, func(t *testing.T) {
 			t.Parallel()
 			ratelimittest.Run(t, ratelimittest.Harness{
+				Permits: true,
 				New: func(t *testing.T, clock ratelimit.Clock) ratelimit.Backend {
 					b, _ := a.Connect(t, top.addrs, top.cluster, Options{Clock: clock})
 					return b
@@ -50,6 +52,7 @@ func testConformance(t *testing.T, a Adapter, tops []topology) {
 			t.Parallel()
 			ratelimittest.Run(t, ratelimittest.Harness{
 				ServerClock: true,
+				Permits:     true,
 				New: func(t *testing.T, _ ratelimit.Clock) ratelimit.Backend {
 					b, _ := a.Connect(t, top.addrs, top.cluster, Options{})
 					return b

@@ -20,7 +20,8 @@ const foreignLibrary = "#!lua name=sluice_0000000000000000\n" +
 // testFunctions: decisions run as FCALL of sluice's library, loaded beside
 // another version's library, which stays as it is, and send no script; on
 // a server that refuses FUNCTION (renamed away here, as a managed service
-// may), the backend runs scripts instead: the conformance suite passes,
+// may), the backend runs scripts instead: the conformance suite, permits
+// included, passes,
 // Check reports no problem, and the scripts are in the server's cache.
 // (ScriptCache shows a deleted library loaded again.)
 func testFunctions(t *testing.T, a Adapter) {
@@ -58,7 +59,7 @@ func testFunctions(t *testing.T, a Adapter) {
 		t.Parallel()
 		top := topology{addrs: []string{servers.StartRedis(t, "--rename-command", "FUNCTION", "").Addr()}}
 		c := raw(t, top)
-		ratelimittest.Run(t, ratelimittest.Harness{New: func(t *testing.T, clock ratelimit.Clock) ratelimit.Backend {
+		ratelimittest.Run(t, ratelimittest.Harness{Permits: true, New: func(t *testing.T, clock ratelimit.Clock) ratelimit.Backend {
 			if err := c.FlushDB(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
