@@ -129,13 +129,15 @@
 //     error ([ratelimit.Permit.Release] returns nil): the store frees the
 //     permit when its lease ends. An Inspect is granted. A permit Open
 //     granted is held nowhere: once the store is back, it does not know it
-//     (unless it ran the timed-out Acquire late, as below), and a
-//     [ratelimit.Permit]'s Renew or Release of it returns
-//     [ratelimit.ErrPermitLost].
+//     (unless it ran the timed-out Acquire late, as below); a
+//     [ratelimit.Permit] whose acquire was Degraded so never reports it
+//     lost, and its Renew and Release return nil.
 //   - Closed denies an Acquire, with a RetryAfter of [WithRetryAfter], as
 //     it denies a request; a Renew or a Release is not granted (a Permit's
-//     Renew then returns [ratelimit.ErrPermitLost], its Release nil). An
-//     Inspect is not granted.
+//     Renew then returns an error wrapping
+//     [ratelimit.ErrBackendUnavailable], on which [ratelimit.Permit.KeepAlive]
+//     tries again while the permit's lease may still run; its Release
+//     nil). An Inspect is not granted.
 //   - Local decides in an in-process store of permits, the one that keeps
 //     its rate shares, under this instance's share of the limit:
 //     [PermitShare], the Limit divided by [WithInstances]'s count, rounded
