@@ -3,7 +3,7 @@
 # `make test` is what CI runs (through .ci/run): `lint` first, so unformatted
 # code, a go.work.sum that workspace mode would rewrite or a vet/staticcheck
 # finding fails the build, then every test with the
-# race detector, in the root, otel, demo and benchmarks modules (the
+# race detector, in the root, otel, grpclimit, demo and benchmarks modules (the
 # benchmarks module's tests check the report generator), then one pass of
 # each benchmark in the benchmarks module.
 #
@@ -36,9 +36,10 @@ STATICCHECK := $(or $(shell command -v staticcheck),$(GOBIN)/staticcheck)
 # The benchmarks module (sluice against its peers) is optional.
 BENCHMARKS_MOD := $(wildcard benchmarks/go.mod)
 # The modules besides the root: otel (OpenTelemetry, which needs Go 1.26),
-# the run that makes its on-call figures, the demo server (which serves
+# the run that makes its on-call figures, grpclimit (gRPC interceptors, on
+# Go 1.26 as google.golang.org/grpc is), the demo server (which serves
 # /metrics through otel) and the benchmarks. `lint` vets each.
-MODULES := $(patsubst %/go.mod,%,$(wildcard otel/go.mod otel/internal/oncall/go.mod cmd/sluice-demo/go.mod cmd/sluice-server/go.mod benchmarks/go.mod testkit/go.mod))
+MODULES := $(patsubst %/go.mod,%,$(wildcard otel/go.mod otel/internal/oncall/go.mod grpclimit/go.mod cmd/sluice-demo/go.mod cmd/sluice-server/go.mod benchmarks/go.mod testkit/go.mod))
 # grpcurl, the gRPC client sluice-server's tests call it with (one not
 # written here, which finds the API by server reflection), pinned.
 GRPCURL_VERSION ?= v1.9.4
@@ -49,9 +50,10 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: lint $(GRPCURL) ## lint, then all tests with -race (root, otel, demo, sluice-server, testkit and benchmarks modules; the demo's in headless Chromium; sluice-server's through grpcurl too; the test kit's on binaries, then on containers when an engine answers, with the SDK's Redis and PostgreSQL suites), then each benchmark once (what CI runs)
+test: lint $(GRPCURL) ## lint, then all tests with -race (root, otel, grpclimit, demo, sluice-server, testkit and benchmarks modules; the demo's in headless Chromium; sluice-server's through grpcurl too; the test kit's on binaries, then on containers when an engine answers, with the SDK's Redis and PostgreSQL suites), then each benchmark once (what CI runs)
 	$(GO) test -race -count=1 ./...
 	cd otel && $(GO) test -race -count=1 ./...
+	cd grpclimit && $(GO) test -race -count=1 ./...
 	cd cmd/sluice-demo && $(GO) test -race -count=1 ./...
 	cd cmd/sluice-server && SLUICE_GRPCURL='$(GRPCURL)' $(GO) test -race -count=1 ./...
 	cd testkit && SLUICE_TESTKIT=binaries $(GO) test -race -count=1 ./...
@@ -69,6 +71,7 @@ test-containers: ## the test kit's tests and the SDK's Redis and PostgreSQL suit
 test-unit: ## fast tests only (-short), with -race
 	$(GO) test -race -short ./...
 	cd otel && $(GO) test -race -short ./...
+	cd grpclimit && $(GO) test -race -short ./...
 	cd cmd/sluice-demo && $(GO) test -race -short ./...
 
 .PHONY: test-integration

@@ -113,6 +113,61 @@
 // store, each of them adds up to its share's rate on top.
 // docs/operations.md derives the bound and gives the measured counts.
 //
+// # Permits
+//
+// Permit calls ([Backend.DoPermit]: what a [ratelimit.Limiter]'s
+// TryAcquire and Acquire, and a [ratelimit.Permit]'s Release and Renew,
+// make) are judged as decisions are: under the same deadline and the same
+// breakers (a node's breaker counts its keys' permit calls with their
+// decisions), with the same failures, and with the caller's context and
+// errors about the call or its key passed back as they are. When the
+// store fails, or the breaker keeps a call from it, the mode decides,
+// Degraded, and [Hooks.Degraded] is told:
+//
+//   - Open grants an Acquire, holding nothing, and a Renew, so that no
+//     request is kept out or cut off; a Release is not granted, and is no
+//     error ([ratelimit.Permit.Release] returns nil): the store frees the
+//     permit when its lease ends. An Inspect is granted. A permit Open
+//     granted is held nowhere: once the store is back, it does not know it
+//     (unless it ran the timed-out Acquire late, as below); a
+//     [ratelimit.Permit] whose acquire was Degraded so never reports it
+//     lost, and its Renew and Release return nil.
+//   - Closed denies an Acquire, with a RetryAfter of [WithRetryAfter], as
+//     it denies a request; a Renew or a Release is not granted (a Permit's
+//     Renew then returns an error wrapping
+//     [ratelimit.ErrBackendUnavailable], on which [ratelimit.Permit.KeepAlive]
+//     tries again while the permit's lease may still run; its Release
+//     nil). An Inspect is not granted.
+//   - Local decides in an in-process store of permits, the one that keeps
+//     its rate shares, under this instance's share of the limit:
+//     [PermitShare], the Limit divided by [WithInstances]'s count, rounded
+//     up. The decision's Limit is the share. An Acquire is granted while
+//     the share has room; one of a Weight above the share, or for a new key
+//     while permits of [WithLocalKeys] keys are held, is denied, as Closed
+//     would. A Release or a Renew goes to the local store first, whether
+//     the store is failing or not: if it holds the holder's permit, it
+//     decides, Degraded, with no store call (and no hook: the store did
+//     not fail), so that a permit taken there is released and renewed
+//     there, even once the store is back. Otherwise the call goes to the
+//     store, and if that fails it is not granted, as in Closed: a renewal
+//     granted without the store would keep a request running past its
+//     permit's lease in the store, which would then let another in.
+//
+// What Local bounds: the store does not know what the shares hold, nor
+// the shares what the store holds. While an outage lasts, each instance
+// admits up to its share locally, and the permits taken from the store
+// before it stay held there until they are released or their leases end;
+// so the requests in flight across the fleet number at most Limit (the
+// store's) plus instances × share. Once the store is back, new permits
+// come from the store again, and once every local permit is released the
+// total is at most Limit again. For a fleet that says [WithInstances](n),
+// n × share is less than Limit + n.
+//
+// As with decisions, a permit call that timed out may still be applied by
+// the store when it resumes: an Acquire the mode decided may then hold a
+// permit in the store too, until its lease ends. That takes room in the
+// store; it never adds any.
+//
 // # Hooks
 //
 // [Hooks] report degraded decisions, breaker changes and late panics, for
@@ -134,7 +189,8 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// Mode says how a [Backend] decides when the store cannot.
+// Mode says how a [Backend] decides when the store cannot. What each
+// mode does with permit calls is in the package doc, under "Permits".
 type Mode uint8
 
 const (
@@ -204,8 +260,9 @@ var (
 // after its caller has had its decision, so they must be quick, safe for
 // concurrent use, and must not call the Backend.
 type Hooks struct {
-	// Degraded is called for each decision the mode made instead of the
-	// store, with the reason: the store's error, or [ErrBreakerOpen].
+	// Degraded is called for each decision, or permit call, the mode
+	// made instead of the store, with the reason: the store's error, or
+	// [ErrBreakerOpen].
 	Degraded func(ctx context.Context, key string, mode Mode, cause error)
 	// BreakerChanged is called when a breaker changes state, with the
 	// node it is kept for: a name the next Backend's
@@ -260,9 +317,13 @@ type Backend struct {
 	// NodeLocator is breakers.locator.
 	slots    ratelimit.SlotMapper
 	topology ratelimit.TopologyReporter
+	permits  ratelimit.PermitBackend
 }
 
-var _ ratelimit.Backend = (*Backend)(nil)
+var (
+	_ ratelimit.Backend       = (*Backend)(nil)
+	_ ratelimit.PermitBackend = (*Backend)(nil)
+)
 
 // options are what the Options set before Wrap checks them.
 type options struct {
@@ -300,16 +361,19 @@ func WithRetryAfter(d time.Duration) Option {
 
 // WithInstances sets how many instances share each limit, so that the
 // Local mode gives each the share 1/n (at least 1; default 1: each instance
-// the whole limit).
+// the whole limit): see [Share] and, for a concurrency limit,
+// [PermitShare].
 func WithInstances(n int) Option {
 	return func(o *options) { o.instances = n }
 }
 
 // WithLocalKeys sets how many keys the Local mode keeps a share and a debt
-// for (at least 1; default [DefaultLocalKeys]). A share is kept until it
+// for, and, apart from those, how many keys it holds permits for (at
+// least 1; default [DefaultLocalKeys]). A share is kept until it
 // has refilled, never dropped early (that would hand its owner a full
 // share), so while the store is away a flood of new keys fills them, and a
-// new key beyond them is denied until one has refilled.
+// new key beyond them is denied until one has refilled (for permits,
+// until one's permits are all released or their leases have ended).
 func WithLocalKeys(n int) Option {
 	return func(o *options) { o.localKeys = n }
 }
@@ -363,6 +427,7 @@ func Wrap(next ratelimit.Backend, mode Mode, opts ...Option) (*Backend, error) {
 	}
 	b.slots, _ = next.(ratelimit.SlotMapper)
 	b.topology, _ = next.(ratelimit.TopologyReporter)
+	b.permits, _ = next.(ratelimit.PermitBackend)
 	locator, _ := next.(ratelimit.NodeLocator)
 	b.breakers.init(locator, int32(o.failures), int64(o.coolDown), b.now)
 	if mode == Local {
@@ -422,15 +487,28 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		}
 		return ratelimit.Decision{}, ctxerr.Caller(ctx, what(req.Op, key), nil)
 	}
-	br := b.breakers.forKey(key)
+	r, cause := b.send(ctx, &call{key: key, cfg: cfg, req: req})
+	if cause != nil {
+		return b.degrade(ctx, key, cfg, req, cause)
+	}
+	return r.d, r.err
+}
+
+// send makes c's call to the next Backend, a decision or a permit call,
+// under the key's breaker and the deadline. It returns the call's result,
+// for its caller as it is (an answer, an error about the call, or the
+// caller's own context ending); or, when the store failed or the breaker
+// kept the call from it, the cause, for the mode to decide instead.
+func (b *Backend) send(ctx context.Context, c *call) (r result, cause error) {
+	br := b.breakers.forKey(c.key)
 	ok, probe, t := br.allow(b.now)
 	b.report(br, t)
 	if !ok {
-		return b.degrade(ctx, key, cfg, req, ErrBreakerOpen)
+		return result{}, ErrBreakerOpen
 	}
 	wait, stopWait := context.WithTimeoutCause(ctx, b.timeout, errDeadline)
 	defer stopWait()
-	c := &call{b: b, br: br, key: key, cfg: cfg, req: req, probe: probe, done: make(chan result, 1)}
+	c.b, c.br, c.probe, c.done = b, br, probe, make(chan result, 1)
 	if probe {
 		// The probe gets the cool-down to answer, not the deadline: a
 		// store coming back may need a new connection and the script
@@ -450,8 +528,8 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		// store's error is left out of it: a client that does not tell
 		// the caller's deadline from its own would make it read as a
 		// store failure.
-		if err := ctxerr.Judged(ctx, what(req.Op, key), callersError(ctx, c.store, r.err)); err != nil {
-			return ratelimit.Decision{}, err
+		if err := ctxerr.Judged(ctx, c.what(), callersError(ctx, c.store, r.err)); err != nil {
+			return result{err: err}, nil
 		}
 	}
 	// The policy's deadline passed first, or the store's deadline error
@@ -467,20 +545,17 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 	if !probe {
 		b.record(br, r.verdict, false)
 	}
-	switch r.verdict {
-	case answered:
-		return r.d, nil
-	case noVerdict:
-		return r.d, r.err
+	if r.verdict != failed {
+		return r, nil
 	}
-	cause := r.err
+	cause = r.err
 	if expired {
-		cause = fmt.Errorf("%w: %s: no answer within %v", ratelimit.ErrTimeout, what(req.Op, key), b.timeout)
+		cause = fmt.Errorf("%w: %s: no answer within %v", ratelimit.ErrTimeout, c.what(), b.timeout)
 		if r.err != nil {
 			cause = fmt.Errorf("%w: %w", cause, r.err)
 		}
 	}
-	return b.degrade(ctx, key, cfg, req, cause)
+	return result{}, cause
 }
 
 // callersError returns err, the next Backend's error, for judging whether
@@ -496,8 +571,9 @@ func callersError(ctx, store context.Context, err error) error {
 	return err
 }
 
-// what names a call in errors.
-func what(op ratelimit.Op, key string) string {
+// what names a call in errors: op is a [ratelimit.Op] or a
+// [ratelimit.PermitOp].
+func what(op fmt.Stringer, key string) string {
 	return fmt.Sprintf("failpolicy: %v on key %q", op, key)
 }
 
@@ -540,14 +616,15 @@ func (b *Backend) record(br *breaker, v verdict, probe bool) {
 
 // result is what the next Backend returned, and what it says of the store.
 type result struct {
-	d       ratelimit.Decision
+	d       ratelimit.Decision       // a decision's
+	pd      ratelimit.PermitDecision // a permit call's
 	err     error
 	panic   *PanicError
 	verdict verdict
 }
 
-// call is one decision sent to the next Backend, in a goroutine of its
-// own: both Redis clients end a call at its context's deadline on most
+// call is one decision, or one permit call, sent to the next Backend, in
+// a goroutine of its own: both Redis clients end a call at its context's deadline on most
 // paths, but not on all (rueidis, opening a connection to a server that
 // stalled or closing one, waits up to a second), and the decision must not
 // wait for them. The call runs on a copy of cfg's bandwidths that it may
@@ -557,10 +634,16 @@ type call struct {
 	b     *Backend
 	br    *breaker // the breaker of the key's node
 	key   string
-	cfg   ratelimit.Config
-	req   ratelimit.Request
 	probe bool
-	debt  debt // the key's debt, charged before req
+	// A decision's config and request, and the key's debt, charged
+	// before req.
+	cfg  ratelimit.Config
+	req  ratelimit.Request
+	debt debt
+	// A permit call's, if permit is set.
+	permit bool
+	lim    ratelimit.Concurrency
+	preq   ratelimit.PermitRequest
 
 	store     context.Context // the next Backend's
 	stopStore context.CancelFunc
@@ -576,9 +659,11 @@ type call struct {
 // await starts the call and returns its result, or back false if wait
 // ends first.
 func (c *call) await(wait context.Context) (r result, back bool) {
-	c.cfg.Bandwidths = slices.Clone(c.cfg.Bandwidths)
-	if c.b.debts != nil {
-		c.debt = c.b.debts.take(c.key, c.b.now())
+	if !c.permit {
+		c.cfg.Bandwidths = slices.Clone(c.cfg.Bandwidths)
+		if c.b.debts != nil {
+			c.debt = c.b.debts.take(c.key, c.b.now())
+		}
 	}
 	go c.run()
 	select {
@@ -618,13 +703,18 @@ func (c *call) run() {
 	}
 }
 
-// do charges the key's debt, then applies the request, recovering a panic.
+// do charges the key's debt, then applies the request; or, for a permit
+// call, applies its request; recovering a panic.
 func (c *call) do() (r result) {
 	defer func() {
 		if p := recover(); p != nil {
 			r = result{panic: &PanicError{Value: p, Stack: debug.Stack()}}
 		}
 	}()
+	if c.permit {
+		r.pd, r.err = c.b.permits.DoPermit(c.store, c.key, c.lim, c.preq)
+		return r
+	}
 	if err := c.charge(); err != nil {
 		return result{err: err}
 	}
@@ -653,6 +743,14 @@ func (c *call) charge() error {
 		}
 	}
 	return nil
+}
+
+// what names the call in errors.
+func (c *call) what() string {
+	if c.permit {
+		return what(c.preq.Op, c.key)
+	}
+	return what(c.req.Op, c.key)
 }
 
 // judge records the probe's verdict, once.

@@ -53,17 +53,36 @@ func (s *store) Do(ctx context.Context, key string, cfg ratelimit.Config, req ra
 	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	s.calls.Add(1)
-	s.mu.Lock()
-	s.deadline, _ = ctx.Deadline()
-	s.mu.Unlock()
-	if err := s.err.Load(); err != nil {
-		return ratelimit.Decision{}, *err
+	if err := s.reach(ctx); err != nil {
+		return ratelimit.Decision{}, err
 	}
 	if refuse := s.refuse.Load(); refuse != nil && (*refuse)(req) {
 		return ratelimit.Decision{}, errDown
 	}
 	return s.mem.Do(ctx, key, cfg, req)
+}
+
+func (s *store) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
+	if err := ratelimit.CheckPermit(key, lim, req); err != nil {
+		return ratelimit.PermitDecision{}, err
+	}
+	if err := s.reach(ctx); err != nil {
+		return ratelimit.PermitDecision{}, err
+	}
+	return s.mem.DoPermit(ctx, key, lim, req)
+}
+
+// reach counts a call that reached the store and notes its deadline; it
+// returns the error the store fails it with, if one is set.
+func (s *store) reach(ctx context.Context) error {
+	s.calls.Add(1)
+	s.mu.Lock()
+	s.deadline, _ = ctx.Deadline()
+	s.mu.Unlock()
+	if err := s.err.Load(); err != nil {
+		return *err
+	}
+	return nil
 }
 
 var (
@@ -124,9 +143,11 @@ func TestWrapRefusesBadOptions(t *testing.T) {
 	}
 }
 
-// TestConformance: a healthy store behind the policy passes the suite.
+// TestConformance: a healthy store behind the policy passes the suite,
+// its permits included.
 func TestConformance(t *testing.T) {
 	ratelimittest.Run(t, ratelimittest.Harness{
+		Permits: true,
 		New: func(t *testing.T, c ratelimit.Clock) ratelimit.Backend {
 			return newPolicy(t, newStore(t, c), failpolicy.Closed, failpolicy.WithTimeout(time.Minute), failpolicy.WithClock(c))
 		},
@@ -380,12 +401,27 @@ type slowStore struct {
 }
 
 func (s *slowStore) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
+	if err := s.wait(ctx); err != nil {
+		return ratelimit.Decision{}, err
+	}
+	return s.mem.Do(ctx, key, cfg, req)
+}
+
+func (s *slowStore) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
+	if err := s.wait(ctx); err != nil {
+		return ratelimit.PermitDecision{}, err
+	}
+	return s.mem.DoPermit(ctx, key, lim, req)
+}
+
+// wait counts a call and waits delay, or fails when ctx ends first.
+func (s *slowStore) wait(ctx context.Context) error {
 	s.calls.Add(1)
 	select {
 	case <-time.After(time.Duration(s.delay.Load())):
-		return s.mem.Do(ctx, key, cfg, req)
+		return nil
 	case <-ctx.Done():
-		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrTimeout, ctx.Err())
+		return fmt.Errorf("%w: %w", ratelimit.ErrTimeout, ctx.Err())
 	}
 }
 

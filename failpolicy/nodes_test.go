@@ -65,6 +65,25 @@ func (s *nodeStore) Do(ctx context.Context, key string, cfg ratelimit.Config, re
 	if err := ratelimit.CheckRequest(key, cfg, req); err != nil {
 		return ratelimit.Decision{}, err
 	}
+	if err := s.reach(ctx, key); err != nil {
+		return ratelimit.Decision{}, err
+	}
+	return s.mem.Do(ctx, key, cfg, req)
+}
+
+func (s *nodeStore) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
+	if err := ratelimit.CheckPermit(key, lim, req); err != nil {
+		return ratelimit.PermitDecision{}, err
+	}
+	if err := s.reach(ctx, key); err != nil {
+		return ratelimit.PermitDecision{}, err
+	}
+	return s.mem.DoPermit(ctx, key, lim, req)
+}
+
+// reach counts a call on key that reached its node, and fails it as the
+// node's state says.
+func (s *nodeStore) reach(ctx context.Context, key string) error {
 	node := s.node(key)
 	s.mu.Lock()
 	s.calls[node]++
@@ -72,12 +91,12 @@ func (s *nodeStore) Do(ctx context.Context, key string, cfg ratelimit.Config, re
 	s.mu.Unlock()
 	switch st {
 	case failing:
-		return ratelimit.Decision{}, fmt.Errorf("%w: node %q: connection refused", ratelimit.ErrBackendUnavailable, node)
+		return fmt.Errorf("%w: node %q: connection refused", ratelimit.ErrBackendUnavailable, node)
 	case stalled:
 		<-ctx.Done()
-		return ratelimit.Decision{}, fmt.Errorf("%w: node %q: %w", ratelimit.ErrTimeout, node, ctx.Err())
+		return fmt.Errorf("%w: node %q: %w", ratelimit.ErrTimeout, node, ctx.Err())
 	}
-	return s.mem.Do(ctx, key, cfg, req)
+	return nil
 }
 
 // twoNodes puts keys on nodes "a" and "b"; a key not in it is on no known

@@ -17,12 +17,17 @@ type Rejection struct {
 	// decide: the store failed with no fail policy, a fail policy failed
 	// closed, or the key was refused (ratelimit.ErrKeyRejected).
 	// http.StatusInternalServerError means the limiter was misused (a
-	// config or key it rejects as invalid), and [Rejection.Err] says how.
+	// config or key it rejects as invalid, a Backend that holds no
+	// permits), and [Rejection.Err] says how. A request the concurrency
+	// limit refused ([Rejection.TooManyInFlight]) has 429, or 503 by
+	// [WithConcurrencyStatus].
 	Status int
 	// RetryAfter is the Retry-After header's value, in whole seconds
 	// (at least 1), for 429 and 503.
 	RetryAfter int64
-	// Decision is the limiter's decision; the zero value when Err is set.
+	// Decision is the rate limit's decision; the zero value when Err is
+	// set or there is no rate limit. When the concurrency limit refused
+	// the request, it is the rate limit's, which allowed it.
 	Decision ratelimit.Decision
 	// Err is why the limiter could not decide, or nil. It is for logs: the
 	// default bodies do not show it, as it may name keys and servers.
@@ -31,6 +36,14 @@ type Rejection struct {
 	// the RateLimit-Policy field names them (the binding bandwidth), for
 	// a 429.
 	Policies []string
+	// TooManyInFlight reports that the concurrency limit refused the
+	// request (see [WithConcurrency]): its key had every permit held.
+	TooManyInFlight bool
+	// Permit is the concurrency limit's decision when it refused the
+	// request, TooManyInFlight or a fail policy's Degraded refusal (503);
+	// the zero value otherwise. Its InFlight and Limit are the permits
+	// held and the most that may be.
+	Permit ratelimit.PermitDecision
 }
 
 // The problem types of RFC 9457 bodies (see [WithProblemDetails]): the
@@ -63,6 +76,12 @@ type problemBody struct {
 // message says what happened, in words a client's developer can act on,
 // without the limiter's internals.
 func (rej Rejection) message() string {
+	switch {
+	case rej.TooManyInFlight && rej.Status == http.StatusTooManyRequests:
+		return "too many requests in flight: retry in " + strconv.FormatInt(rej.RetryAfter, 10) + " s"
+	case rej.TooManyInFlight:
+		return "the server is at capacity: retry in " + strconv.FormatInt(rej.RetryAfter, 10) + " s"
+	}
 	switch rej.Status {
 	case http.StatusTooManyRequests:
 		return "rate limit exceeded: retry in " + strconv.FormatInt(rej.RetryAfter, 10) + " s"
@@ -87,7 +106,7 @@ func writeJSONBody(w http.ResponseWriter, r *http.Request, rej Rejection) {
 // writeProblemBody is the RFC 9457 body of [WithProblemDetails].
 func writeProblemBody(w http.ResponseWriter, _ *http.Request, rej Rejection) {
 	p := problemBody{Type: problemBlank, Title: http.StatusText(rej.Status), Status: rej.Status, Detail: rej.message()}
-	if rej.Status == http.StatusTooManyRequests {
+	if rej.Status == http.StatusTooManyRequests && !rej.TooManyInFlight {
 		p.Type, p.Title, p.ViolatedPolicies = ProblemQuotaExceeded, problemTitleQuota, rej.Policies
 	}
 	writeJSON(w, "application/problem+json", rej.Status, p)

@@ -2,7 +2,8 @@
 // request with a [ratelimit.Limiter] before the handler runs, and answers
 // the ones the limit denies with 429 Too Many Requests, Retry-After, the
 // IETF RateLimit and RateLimit-Policy fields and a JSON body, without
-// reading the request body.
+// reading the request body. It can also hold a permit of a concurrency
+// limit for as long as the handler runs.
 //
 //	limit, err := httplimit.New(limiter, httplimit.WithPlans(cache),
 //		httplimit.WithTrustedProxies(httplimit.XForwardedFor, "10.0.0.0/8"))
@@ -28,6 +29,16 @@
 // The limits are a static config ([WithConfig]) or each caller's plan from
 // a [plans.Cache] ([WithPlans]), so that a change of plan applies on the
 // next request.
+//
+// # Requests in flight
+//
+// [WithConcurrency] limits the requests each key has in flight at once,
+// across replicas: the middleware takes a permit ([ratelimit.Limiter.TryAcquire])
+// before the handler runs, keeps it alive while the handler outlasts a
+// third of its lease, and gives it back when the handler returns or
+// panics. A request that finds no permit free is refused at once with 429,
+// or 503 ([WithConcurrencyStatus]), and Retry-After. With a rate limit too,
+// the rate is decided first, and a request it refuses takes no permit.
 //
 // # Errors
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"time"
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/httplimit"
@@ -110,4 +111,29 @@ func ExampleHeaderWriter() {
 	// "per-minute";r=1;t=30 Retry-After=""
 	// "per-minute";r=0;t=30 Retry-After=""
 	// "per-minute";r=0;t=30 Retry-After="30"
+}
+
+// At most one request in flight per client: while the first runs, a
+// second from the same client is refused, with Retry-After; once the first
+// has returned, its permit is back.
+func ExampleWithConcurrency() {
+	limit, err := httplimit.New(ratelimit.New(memory.New()),
+		httplimit.WithConcurrency(ratelimit.InFlight(1, time.Minute)))
+	if err != nil {
+		panic(err)
+	}
+	send := func(h http.Handler) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/report", nil))
+		return rec
+	}
+	var h http.Handler
+	h = limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		rec := send(h) // the same client again, while this request runs
+		fmt.Printf("beside it: %d Retry-After=%s\n", rec.Code, rec.Header().Get("Retry-After"))
+	}))
+	fmt.Println("first:", send(h).Code)
+	// Output:
+	// beside it: 429 Retry-After=5
+	// first: 200
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/sluicehq/sluice/plans"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -36,6 +37,12 @@ type options struct {
 	bodyOption   string
 	prefix       string
 	configOption string
+	// concurrency is the limit on requests in flight of WithConcurrency or
+	// WithConcurrencyFunc, nil for none.
+	concurrency       func(*http.Request, string) (ratelimit.Concurrency, error)
+	concurrencyOption string
+	concurrencyKey    func(*http.Request) string
+	concurrencyStatus int
 }
 
 // WithConfig limits every request with cfg, a static config. It is checked
@@ -168,9 +175,10 @@ func WithHeaders(h Headers) Option {
 }
 
 // WithProblemDetails answers rejections with RFC 9457 problem details
-// (application/problem+json) instead of the default JSON body: a 429 has
-// the draft's type [ProblemQuotaExceeded] and its "violated-policies"
-// member, and a 503 or 500 the type "about:blank".
+// (application/problem+json) instead of the default JSON body: a 429 of
+// the rate limit has the draft's type [ProblemQuotaExceeded] and its
+// "violated-policies" member, and every other rejection (the concurrency
+// limit's, a 503, a 500) the type "about:blank".
 func WithProblemDetails() Option {
 	return func(o *options) error {
 		return o.setBody("WithProblemDetails", writeProblemBody)
@@ -221,8 +229,9 @@ func WithKeyPrefix(prefix string) Option {
 }
 
 // New returns middleware that limits each request before the handler runs,
-// with limiter and the config of [WithConfig] or [WithPlans] (one is
-// required).
+// with limiter: its rate by the config of [WithConfig] or [WithPlans], its
+// concurrency by [WithConcurrency] or [WithConcurrencyFunc], or both (at
+// least one is required).
 //
 // A request's bucket key is
 //
@@ -241,9 +250,11 @@ func WithKeyPrefix(prefix string) Option {
 // [WithBody], [WithProblemDetails]). When the limiter cannot decide (the
 // store is down, a fail policy failed closed) the answer is 503 Service
 // Unavailable with Retry-After; a limiter used wrongly (an invalid config
-// or key) answers 500. In every such case the handler is not called and the
-// request body is not read. A request whose client went away (its context
-// canceled) gets no answer.
+// or key, a Backend that holds no permits) answers 500. In every such case
+// the handler is not called and the request body is not read. A request
+// whose client went away (its context canceled) gets no answer. A request
+// the concurrency limit refuses gets 429, or 503 by
+// [WithConcurrencyStatus], with Retry-After.
 //
 // An option that does not hold is an error naming it, and New then returns
 // no middleware.
@@ -260,8 +271,14 @@ func New(limiter *ratelimit.Limiter, opts ...Option) (func(http.Handler) http.Ha
 			return nil, err
 		}
 	}
-	if o.configOption == "" {
-		return nil, errors.New("httplimit: New: no config: pass WithConfig or WithPlans")
+	if o.configOption == "" && o.concurrency == nil {
+		return nil, errors.New("httplimit: New: no limit: pass WithConfig, WithPlans, WithConcurrency or WithConcurrencyFunc")
+	}
+	if o.concurrency == nil && (o.concurrencyKey != nil || o.concurrencyStatus != 0) {
+		return nil, errors.New("httplimit: New: WithConcurrencyKey and WithConcurrencyStatus need WithConcurrency or WithConcurrencyFunc")
+	}
+	if o.concurrencyStatus == 0 {
+		o.concurrencyStatus = DefaultConcurrencyStatus
 	}
 	ips, err := newIPResolver(o.proxyHeader, o.proxies, o.ipv6Bits)
 	if err != nil {
@@ -304,32 +321,44 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	kind, id := h.identity(r, caller)
 	key := bucketKey(h.prefix, caller.Tenant, plan, h.route(r), kind, id)
-	d, err := h.limiter.Allow(ctx, key, cfg)
-	if err != nil {
-		h.fail(w, r, err)
+	var d ratelimit.Decision
+	if h.configOption != "" {
+		if d, err = h.limiter.Allow(ctx, key, cfg); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		pol := h.staticPolicy
+		if pol == nil {
+			pol = h.policies.get(cfg)
+		}
+		setHeaders(w.Header(), h.headers, pol, d)
+		switch {
+		case d.Allowed:
+		case d.Degraded && d.Bandwidth == "":
+			// A fail policy denied without the store (Closed, or Local with no
+			// room for the key): the limiter is out, not the caller's quota.
+			h.reject(w, r, Rejection{Status: http.StatusServiceUnavailable, Decision: d}, d.RetryAfter)
+			return
+		default:
+			h.reject(w, r, Rejection{Status: http.StatusTooManyRequests, Decision: d, Policies: []string{d.Bandwidth}}, d.RetryAfter)
+			return
+		}
+	}
+	if h.concurrency != nil {
+		h.serveHolding(w, r, plan, key, d)
 		return
 	}
-	pol := h.staticPolicy
-	if pol == nil {
-		pol = h.policies.get(cfg)
-	}
-	setHeaders(w.Header(), h.headers, pol, d)
-	switch {
-	case d.Allowed:
-		h.next.ServeHTTP(w, r)
-	case d.Degraded && d.Bandwidth == "":
-		// A fail policy denied without the store (Closed, or Local with no
-		// room for the key): the limiter is out, not the caller's quota.
-		h.reject(w, r, Rejection{Status: http.StatusServiceUnavailable, Decision: d})
-	default:
-		h.reject(w, r, Rejection{Status: http.StatusTooManyRequests, Decision: d, Policies: []string{d.Bandwidth}})
-	}
+	h.next.ServeHTTP(w, r)
 }
 
-// config returns the plan name and config for caller's request.
+// config returns the plan name and config for caller's request: with no
+// rate limit, StaticPlan and no config.
 func (h *handler) config(ctx context.Context, caller Caller) (string, ratelimit.Config, error) {
-	if h.static != nil {
+	switch {
+	case h.static != nil:
 		return StaticPlan, *h.static, nil
+	case h.plans == nil:
+		return StaticPlan, ratelimit.Config{}, nil
 	}
 	a, err := h.plans.Lookup(ctx, caller.Subject())
 	if err != nil {
@@ -356,16 +385,16 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	status := http.StatusServiceUnavailable
 	if errors.Is(err, ratelimit.ErrInvalidConfig) || errors.Is(err, ratelimit.ErrInvalidKey) ||
-		errors.Is(err, ratelimit.ErrInvalidRequest) {
+		errors.Is(err, ratelimit.ErrInvalidRequest) || errors.Is(err, errors.ErrUnsupported) {
 		status = http.StatusInternalServerError
 	}
-	h.reject(w, r, Rejection{Status: status, Err: err})
+	h.reject(w, r, Rejection{Status: status, Err: err}, 0)
 }
 
-// reject sets Retry-After on a 429 or 503 and writes the body.
-func (h *handler) reject(w http.ResponseWriter, r *http.Request, rej Rejection) {
+// reject sets Retry-After on a 429 or 503, from wait, and writes the body.
+func (h *handler) reject(w http.ResponseWriter, r *http.Request, rej Rejection, wait time.Duration) {
 	if rej.Status != http.StatusInternalServerError {
-		rej.RetryAfter = retryAfter(rej.Decision.RetryAfter)
+		rej.RetryAfter = retryAfter(wait)
 		w.Header().Set(headerRetryAfter, strconv.FormatInt(rej.RetryAfter, 10))
 	}
 	h.body(w, r, rej)

@@ -557,7 +557,7 @@ func TestNewErrors(t *testing.T) {
 		want string
 	}{
 		{"nil limiter", nil, []httplimit.Option{cfg}, "httplimit: New: nil limiter"},
-		{"no config", l, nil, "httplimit: New: no config: pass WithConfig or WithPlans"},
+		{"no limit", l, nil, "httplimit: New: no limit: pass WithConfig, WithPlans, WithConcurrency or WithConcurrencyFunc"},
 		{"nil option", l, []httplimit.Option{cfg, nil}, "httplimit: New: nil option"},
 		{"bad config", l, []httplimit.Option{httplimit.WithConfig(ratelimit.Config{})}, "httplimit: WithConfig: ratelimit: invalid config"},
 		{"two configs", l, []httplimit.Option{cfg, httplimit.WithPlans(&plans.Cache{})}, "httplimit: WithPlans: the config is already given by WithConfig"},

@@ -9,6 +9,8 @@
 //
 // Keys no rule matches, and every call but a Consume, pass through. A
 // Consume of more tokens than the largest lease goes to the store too.
+// Permit calls ([Backend.DoPermit]) pass through untouched, on any key:
+// leases are for rates, and a concurrency limit is held in the store.
 //
 // # The lease
 //

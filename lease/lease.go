@@ -50,7 +50,10 @@ type Backend struct {
 	done      chan struct{}
 }
 
-var _ ratelimit.Backend = (*Backend)(nil)
+var (
+	_ ratelimit.Backend       = (*Backend)(nil)
+	_ ratelimit.PermitBackend = (*Backend)(nil)
+)
 
 // New returns next with the keys the rules in opts match leased. It
 // starts a sweep; stop it with [Backend.Close]. Without a rule, or with a
@@ -172,6 +175,14 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		return ratelimit.Decision{}, ErrClosed
 	}
 	return b.consume(ctx, key, l, &cfg, fp, req.Tokens)
+}
+
+// DoPermit implements [ratelimit.PermitBackend]: a permit call passes
+// through to the next Backend untouched, on a leased key or not, and after
+// Close too: leases are for rates. If the next Backend holds no permits,
+// the call fails with an error wrapping [errors.ErrUnsupported].
+func (b *Backend) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
+	return ratelimit.Permits(b.next).DoPermit(ctx, key, lim, req)
 }
 
 // checked is a config a key's Consumes were checked on: its fingerprint,

@@ -456,9 +456,10 @@ func TestRefundWouldBreakBound(t *testing.T) {
 
 // TestConformancePassThrough: with rules that match none of the suite's
 // keys, the decorator passes the conformance suite as the memory backend
-// does.
+// does, its permits included.
 func TestConformancePassThrough(t *testing.T) {
 	ratelimittest.Run(t, ratelimittest.Harness{
+		Permits: true,
 		New: func(t *testing.T, c ratelimit.Clock) ratelimit.Backend {
 			store := memory.New(memory.WithClock(c))
 			t.Cleanup(func() { store.Close() })

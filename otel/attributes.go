@@ -21,8 +21,9 @@ const (
 	// AttrResult is a decision's outcome: one of [ResultAllowed],
 	// [ResultRejected], [ResultDegraded] and [ResultError].
 	AttrResult = attribute.Key("sluice.rate_limit.result")
-	// AttrOperation is the request's [ratelimit.Op], as its String gives
-	// it ("Consume").
+	// AttrOperation is the request's [ratelimit.Op], or a permit
+	// request's [ratelimit.PermitOp], as its String gives it ("Consume",
+	// "Acquire").
 	AttrOperation = attribute.Key("sluice.rate_limit.operation")
 	// AttrAlgorithm is the config's [ratelimit.Algorithm] ("TokenBucket").
 	AttrAlgorithm = attribute.Key("sluice.rate_limit.algorithm")
@@ -44,20 +45,31 @@ const (
 	AttrTokens = attribute.Key("sluice.rate_limit.tokens")
 	// AttrAllowed is the decision's Allowed.
 	AttrAllowed = attribute.Key("sluice.rate_limit.allowed")
-	// AttrDegraded is the decision's Degraded: a fail policy decided.
+	// AttrDegraded is the decision's Degraded (a permit decision's too):
+	// a fail policy decided.
 	AttrDegraded = attribute.Key("sluice.rate_limit.degraded")
-	// AttrLimit is the decision's Limit.
+	// AttrLimit is the decision's Limit (a permit decision's too).
 	AttrLimit = attribute.Key("sluice.rate_limit.limit")
 	// AttrRemaining is the decision's Remaining.
 	AttrRemaining = attribute.Key("sluice.rate_limit.remaining")
 	// AttrConsumed is the decision's Consumed.
 	AttrConsumed = attribute.Key("sluice.rate_limit.consumed")
-	// AttrRetryAfter is the decision's RetryAfter, in seconds.
+	// AttrRetryAfter is the decision's RetryAfter, in seconds (a permit
+	// decision's too).
 	AttrRetryAfter = attribute.Key("sluice.rate_limit.retry_after")
 	// AttrResetAfter is the decision's ResetAfter, in seconds.
 	AttrResetAfter = attribute.Key("sluice.rate_limit.reset_after")
 	// AttrBandwidth is the decision's binding Bandwidth.
 	AttrBandwidth = attribute.Key("sluice.rate_limit.bandwidth")
+	// AttrPermitWeight is a permit request's Weight.
+	AttrPermitWeight = attribute.Key("sluice.rate_limit.permit.weight")
+	// AttrPermitLease is a concurrency limit's Lease, in seconds.
+	AttrPermitLease = attribute.Key("sluice.rate_limit.permit.lease")
+	// AttrPermitGranted is a permit decision's Granted.
+	AttrPermitGranted = attribute.Key("sluice.rate_limit.permit.granted")
+	// AttrPermitInFlight is a permit decision's InFlight: the permits the
+	// store holds for the key.
+	AttrPermitInFlight = attribute.Key("sluice.rate_limit.permit.in_flight")
 	// AttrFailMode is the fail policy's [failpolicy.Mode] ("Local").
 	AttrFailMode = attribute.Key("sluice.rate_limit.fail_mode")
 	// AttrBreakerState is a circuit breaker's state: "open" or
@@ -78,9 +90,11 @@ const (
 
 // The values of [AttrResult].
 const (
-	// ResultAllowed: the store allowed the request.
+	// ResultAllowed: the store allowed the request (for a permit call:
+	// granted it).
 	ResultAllowed = "allowed"
-	// ResultRejected: the store rejected it.
+	// ResultRejected: the store rejected it (for a permit call: did not
+	// grant it).
 	ResultRejected = "rejected"
 	// ResultDegraded: a fail policy decided instead of the store, either
 	// way ([AttrAllowed] on the span says which).

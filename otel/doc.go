@@ -58,10 +58,44 @@
 //     rejected in the last whole minute, by key class and route
 //     ([MetricRejectedKeys]): few keys is abuse, many a limit set too low;
 //
+// for concurrency permits (see Permits below):
+//
+//   - sluice.rate_limit.permit.decisions, a counter of permit calls by
+//     result, op, key class and route ([MetricPermitDecisions]): a
+//     denied acquire is an Acquire of result rejected;
+//   - sluice.rate_limit.permit.in_flight, an up-down counter of the
+//     permits this process holds, by key class ([MetricPermitsInFlight]);
+//
 // and through the hooks: sluice.rate_limit.degraded and
 // sluice.rate_limit.breakers ([FailPolicyHooks]),
 // sluice.plan_cache.lookups and sluice.plan_cache.loads ([PlanHooks]),
 // and sluice.sharding.retries ([ShardingHooks]).
+//
+// # Permits
+//
+// A permit call ([Backend.DoPermit]: what a Limiter's TryAcquire and
+// Acquire, and a Permit's Release and Renew, make) gets a span as a
+// decision does, named "sluice " and its op ("sluice Acquire", "sluice
+// Release", "sluice Renew", "sluice InspectPermits"), with the op,
+// weight, lease, key class, route and backend at the start, and the
+// result, granted, degraded, limit, in-flight and retry-after at the end;
+// an error is recorded as a decision's is. It is counted in
+// sluice.rate_limit.permit.decisions: result allowed when granted,
+// rejected when not (an acquire denied, or a release or renewal of a
+// permit the store no longer held), degraded when a fail policy decided.
+//
+// sluice.rate_limit.permit.in_flight goes up by a granted Acquire's
+// Weight and down by every Release's Weight, whatever the store answered:
+// a Permit is released once, and once released it is not this process's,
+// whether the store still held it or had reclaimed it when its lease
+// ended ([ratelimit.ErrPermitLost]), or could not be asked. Only a call
+// turned away before any store (bad input, a Backend that holds no
+// permits) leaves it as it is. It is kept by key class alone, not by
+// route: a permit may be released under a context other than its
+// acquire's. A permit never released stays counted, which is what a leak
+// looks like. The count is of the calls this decorator sees: an acquire
+// sent again by the holder that holds it, which a Permit never does,
+// would count twice.
 //
 // # Raw keys
 //

@@ -203,6 +203,10 @@ func TestInstrumentErrorsAreHandled(t *testing.T) {
 	if d, err := b.Do(context.Background(), "k", hourly(), ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}); err != nil || !d.Allowed {
 		t.Fatalf("Do = %+v, %v; want allowed", d, err)
 	}
+	acquire := ratelimit.PermitRequest{Op: ratelimit.PermitAcquire, Holder: "h", Weight: 1}
+	if d, err := b.DoPermit(context.Background(), "k", ratelimit.InFlight(1, time.Minute), acquire); err != nil || !d.Granted {
+		t.Fatalf("DoPermit = %+v, %v; want granted", d, err)
+	}
 	fp := sluiceotel.FailPolicyHooks(sluiceotel.WithMeterProvider(mp))
 	fp.Degraded(context.Background(), "k", failpolicy.Open, errors.New("x"))
 	fp.BreakerChanged("", failpolicy.BreakerClosed, failpolicy.BreakerOpen)
@@ -211,10 +215,10 @@ func TestInstrumentErrorsAreHandled(t *testing.T) {
 	ph := sluiceotel.PlanHooks(sluiceotel.WithMeterProvider(mp))
 	ph.Hit("s")
 	ph.LoadFailed("s", errors.New("x"))
-	// Wrap: decisions, duration, rejected keys; fail policy: 2; sharding: 1;
-	// plans: 2.
-	if n := handled.Load(); n != 8 {
-		t.Errorf("otel.Handle got %d errors; want 8", n)
+	// Wrap: decisions, duration, rejected keys, permit decisions, permits
+	// in flight; fail policy: 2; sharding: 1; plans: 2.
+	if n := handled.Load(); n != 10 {
+		t.Errorf("otel.Handle got %d errors; want 10", n)
 	}
 }
 

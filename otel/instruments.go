@@ -40,6 +40,15 @@ const (
 	// MetricShardRetries counts the times a sharded request moved on to
 	// another sub-bucket, by [AttrRetryReason].
 	MetricShardRetries = "sluice.sharding.retries"
+	// MetricPermitDecisions counts permit calls, by [AttrResult],
+	// [AttrOperation] (the [ratelimit.PermitOp]), [AttrKeyClass],
+	// [AttrRoute] and, for errors, [AttrErrorType]: a denied acquire is
+	// an Acquire of result "rejected".
+	MetricPermitDecisions = "sluice.rate_limit.permit.decisions"
+	// MetricPermitsInFlight is the permits this process holds, weights
+	// summed, by [AttrKeyClass] alone: it goes up by a granted Acquire's
+	// Weight and down by each Release's (see the package doc).
+	MetricPermitsInFlight = "sluice.rate_limit.permit.in_flight"
 )
 
 // DurationBuckets are the bucket boundaries, in seconds, of
@@ -95,6 +104,7 @@ type instruments struct {
 	decisions metric.Int64Counter
 	duration  metric.Float64Histogram
 	rejected  *rejectedKeys
+	permits   *permitInstruments
 
 	// durationOpts are the histogram's options by op and result.
 	durationOpts [numOps + 1][numResults][]metric.RecordOption
@@ -123,6 +133,7 @@ func newInstruments(m metric.Meter) *instruments {
 		metric.WithExplicitBucketBoundaries(DurationBuckets...))
 	in.duration = handled[metric.Float64Histogram](duration, err, noop.Float64Histogram{})
 	in.rejected = newRejectedKeys(m)
+	in.permits = newPermitInstruments(m)
 	for op := range numOps + 1 {
 		for res := range numResults {
 			set := attribute.NewSet(opAttr(op), AttrResult.String(resultNames[res]))

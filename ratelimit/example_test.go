@@ -325,3 +325,28 @@ func ExamplePermit_KeepAlive() {
 	fmt.Println("release:", p.Release(ctx))
 	// Output: release: <nil>
 }
+
+func ExamplePermit_Hold() {
+	backend := memory.New()
+	defer backend.Close()
+	limiter := ratelimit.New(backend)
+	ctx := context.Background()
+
+	p, _, err := limiter.TryAcquire(ctx, "uploads:tenant-7", ratelimit.InFlight(3, 10*time.Second), 1)
+	if err != nil || p == nil {
+		fmt.Println("busy or failed:", err)
+		return
+	}
+	// The permit is kept alive while the work runs past a third of its
+	// lease, and released when it returns, or panics.
+	p.Hold(ctx, func() {
+		fmt.Println("uploading")
+	})
+	d, _ := limiter.Semaphore("uploads:tenant-7", func(context.Context) (ratelimit.Concurrency, error) {
+		return ratelimit.InFlight(3, 10*time.Second), nil
+	}).InFlight(ctx)
+	fmt.Println("in flight after:", d.InFlight)
+	// Output:
+	// uploading
+	// in flight after: 0
+}

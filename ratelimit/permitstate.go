@@ -11,7 +11,7 @@ type PermitState struct {
 	Holds map[string]Hold
 	// InFlight is the weights of Holds, summed.
 	InFlight int64
-	// nextExpiry is a time no earlier than the first lease's end, in µs:
+	// nextExpiry is a time no later than the first lease's end, in µs:
 	// ApplyPermit looks for ended leases only from then.
 	nextExpiry int64
 }

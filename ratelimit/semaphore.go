@@ -145,8 +145,10 @@ func (p *Permit) Decision() PermitDecision { return p.decision }
 // later ones return nil. It returns [ErrPermitLost] if the store no
 // longer held the permit (its lease had ended), and the store's error if
 // it could not be asked: the permit then comes back when its lease ends.
-// Release with a ctx of its own, not one that may be done already (a
-// request's): context.WithoutCancel of it, say.
+// When a fail policy answers for the store, or granted the permit (its
+// Decision is Degraded, and the store never held it), Release returns
+// nil. Release with a ctx of its own, not one that may be done
+// already (a request's): context.WithoutCancel of it, say.
 func (p *Permit) Release(ctx context.Context) error {
 	if p.released.Swap(true) {
 		return nil
@@ -155,14 +157,20 @@ func (p *Permit) Release(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if !d.Granted && !d.Degraded {
-		return fmt.Errorf("%w: key %q: its lease of %v had ended", ErrPermitLost, p.key, p.lim.Lease)
+	if d.Degraded {
+		// A fail policy answered: the store frees the permit when its
+		// lease ends.
+		return nil
 	}
-	return nil
+	return p.outcome(d, "release")
 }
 
 // Renew starts the permit's lease afresh, on the store's clock. It returns
-// [ErrPermitLost] if the permit was released or its lease had ended.
+// [ErrPermitLost] if the permit was released or its lease had ended; the
+// store's error if it could not be asked, or an error wrapping
+// [ErrBackendUnavailable] if a fail policy answered without granting: the
+// permit may still be held, and [Permit.KeepAlive] tries again. A permit
+// a fail policy granted is lost only once released.
 func (p *Permit) Renew(ctx context.Context) error {
 	if p.released.Load() {
 		return fmt.Errorf("%w: key %q: the permit was released", ErrPermitLost, p.key)
@@ -171,10 +179,21 @@ func (p *Permit) Renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if !d.Granted {
-		return fmt.Errorf("%w: key %q: its lease of %v had ended", ErrPermitLost, p.key, p.lim.Lease)
+	return p.outcome(d, "renew")
+}
+
+// outcome is the error of a renew, or of a release no fail policy
+// answered, that returned d.
+func (p *Permit) outcome(d PermitDecision, op string) error {
+	switch {
+	case d.Granted, p.decision.Degraded:
+		// Granted by a fail policy, the permit was never the store's to
+		// lose.
+		return nil
+	case d.Degraded:
+		return fmt.Errorf("%w: key %q: a fail policy answered the %s: the store was not asked", ErrBackendUnavailable, p.key, op)
 	}
-	return nil
+	return fmt.Errorf("%w: key %q: its lease of %v had ended", ErrPermitLost, p.key, p.lim.Lease)
 }
 
 // KeepAlive renews the permit every third of its lease until ctx ends or
@@ -214,4 +233,46 @@ var holderSeq atomic.Uint64
 // newHolder returns a holder no other permit, of any process, has.
 func newHolder() string {
 	return holderPrefix + strconv.FormatUint(holderSeq.Add(1), 36)
+}
+
+// Hold calls fn holding the permit, and releases it when fn returns or
+// panics (the panic then goes on up unchanged): what middleware does with
+// a request's permit. While fn runs past a third of the lease, the permit
+// is renewed then and every third of a lease after, as [Permit.KeepAlive]
+// does, on a goroutine a timer starts: an fn that returns sooner costs a
+// timer and no goroutine, and fn's end stops the renewals and waits for
+// them. A permit lost meanwhile (the store away for a whole lease) is not
+// renewed again; fn runs on without it. The renewals and the release use
+// context.WithoutCancel(ctx), so that a request whose client went away
+// still gives its permit back; a release the store fails is left to the
+// lease.
+func (p *Permit) Hold(ctx context.Context, fn func()) {
+	ctx = context.WithoutCancel(ctx)
+	defer func() { _ = p.Release(ctx) }()
+	defer p.keepAliveFromAThird(ctx)()
+	fn()
+}
+
+// keepAliveFromAThird renews p from a third of its lease on, and returns
+// the function that stops the renewals and waits for them to end.
+func (p *Permit) keepAliveFromAThird(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	t := time.AfterFunc(p.lim.Lease/3, func() {
+		defer close(done)
+		// A renewal now, then one every third of a lease: as if
+		// KeepAlive had run since the acquire, so that two renewals in a
+		// row may fail before the lease ends.
+		if err := p.Renew(ctx); errors.Is(err, ErrPermitLost) {
+			return
+		}
+		_ = p.KeepAlive(ctx)
+	})
+	return func() {
+		if !t.Stop() {
+			cancel()
+			<-done
+		}
+		cancel()
+	}
 }

@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,5 +188,59 @@ func TestHoldersAreUnique(t *testing.T) {
 			t.Fatalf("holder %q: seen before, or longer than MaxHolderLen", p.Holder())
 		}
 		seen[p.Holder()] = true
+	}
+}
+
+// policyStore answers permit calls as a fail policy does while the store
+// is away, when down is set: Open's grants, and a release or renew it
+// could not ask the store about.
+type policyStore struct {
+	*memory.Backend
+	down atomic.Bool
+}
+
+func (s *policyStore) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
+	if !s.down.Load() {
+		return s.Backend.DoPermit(ctx, key, lim, req)
+	}
+	return ratelimit.PermitDecision{Granted: req.Op == ratelimit.PermitAcquire, Degraded: true, Limit: lim.Limit}, nil
+}
+
+func TestPermitsAFailPolicyAnswered(t *testing.T) {
+	ctx := context.Background()
+	b := memory.New(memory.WithSweepInterval(0))
+	defer b.Close()
+	s := &policyStore{Backend: b}
+	l := ratelimit.New(s)
+	lim := ratelimit.InFlight(1, time.Hour)
+
+	// A permit the store granted, renewed and released while the policy
+	// answers: the store was not asked, which is not a lost permit.
+	held, _, err := l.TryAcquire(ctx, "k", lim, 1)
+	if err != nil || held == nil {
+		t.Fatal(held, err)
+	}
+	s.down.Store(true)
+	if err := held.Renew(ctx); !errors.Is(err, ratelimit.ErrBackendUnavailable) || errors.Is(err, ratelimit.ErrPermitLost) {
+		t.Errorf("Renew answered by the policy: %v; want ErrBackendUnavailable", err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Errorf("Release answered by the policy: %v; want nil: the store frees the permit when its lease ends", err)
+	}
+
+	// A permit the policy granted is never lost, whoever answers later.
+	degraded, d, err := l.TryAcquire(ctx, "j", lim, 1)
+	if err != nil || degraded == nil || !d.Degraded {
+		t.Fatal(degraded, d, err)
+	}
+	if err := degraded.Renew(ctx); err != nil {
+		t.Errorf("Renew of a degraded permit, the policy answering: %v", err)
+	}
+	s.down.Store(false)
+	if err := degraded.Renew(ctx); err != nil {
+		t.Errorf("Renew of a degraded permit, the store answering: %v", err)
+	}
+	if err := degraded.Release(ctx); err != nil {
+		t.Errorf("Release of a degraded permit, the store answering: %v", err)
 	}
 }

@@ -13,9 +13,10 @@ import (
 
 // TestConformancePassThrough: with rules that match none of the suite's
 // keys, the decorator passes the conformance suite as the memory backend
-// does.
+// does, its permits included.
 func TestConformancePassThrough(t *testing.T) {
 	ratelimittest.Run(t, ratelimittest.Harness{
+		Permits: true,
 		New: func(t *testing.T, c ratelimit.Clock) ratelimit.Backend {
 			return mustNew(t, newMemory(t, c), Keys(4, "hot"), Prefix(3, "zzz-hot:"))
 		},

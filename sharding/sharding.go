@@ -81,6 +81,15 @@
 //     Reset and Replace are not atomic across sub-buckets: an error may
 //     leave some done and some not; both may be retried.
 //
+// # Permits
+//
+// A concurrency limit is never split: N permits spread over sub-buckets
+// would not be exact (an acquire denied by the sub-bucket it went to
+// while another had room, a release sent to a sub-bucket that does not
+// hold the permit). [Backend.DoPermit] passes every permit call to the
+// Backend below as it is, for the key as it is, even a key a rule splits:
+// a hot key's permits stay on one slot, and its concurrency limit exact.
+//
 // # Placement
 //
 // On a backend that implements [ratelimit.SlotMapper] (the Redis
@@ -173,7 +182,10 @@ type hotKey struct {
 	names []string
 }
 
-var _ ratelimit.Backend = (*Backend)(nil)
+var (
+	_ ratelimit.Backend       = (*Backend)(nil)
+	_ ratelimit.PermitBackend = (*Backend)(nil)
+)
 
 // New returns a Backend that splits the keys its rules match, and passes
 // every other key to next; opts are the [Rule]s and [WithHooks]. A key
@@ -321,6 +333,14 @@ func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req 
 		return b.next.Do(ctx, key, cfg, req)
 	}
 	return b.split(ctx, key, cfg, req, r, names)
+}
+
+// DoPermit implements [ratelimit.PermitBackend]: it passes every permit
+// call to the next Backend as it is, for key as it is, even a key a rule
+// splits (see "Permits" in the package doc). If the next Backend holds no
+// permits, the call fails with an error wrapping [errors.ErrUnsupported].
+func (b *Backend) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
+	return ratelimit.Permits(b.next).DoPermit(ctx, key, lim, req)
 }
 
 // reject refuses a key of a sub-bucket's form, after bad input.
