@@ -212,7 +212,8 @@ func (r returns) DoPermit(ctx context.Context, key string, lim ratelimit.Concurr
 
 // TestCountPermits: each decision that breaks what a store says of
 // itself is a violation, and so is an overlap counter past the limit;
-// failed calls count as failed, unknown unless refused.
+// failed calls count as failed, unknown unless refused, and a fail
+// policy's decisions as degraded, unchecked.
 func TestCountPermits(t *testing.T) {
 	lim := ratelimit.InFlight(3, time.Second)
 	acquire := ratelimit.PermitRequest{Op: ratelimit.PermitAcquire, Holder: "h", Weight: 2}
@@ -233,6 +234,7 @@ func TestCountPermits(t *testing.T) {
 		{"ReleaseLost", call(release, ratelimit.PermitDecision{InFlight: 1}, 0), ""},
 		{"Inspect", call(inspect, ratelimit.PermitDecision{Granted: true, InFlight: 2}, 0), ""},
 		{"Failed", Call{Err: "timeout", Permit: &PermitCall{Request: acquire}}, ""},
+		{"Degraded", call(acquire, ratelimit.PermitDecision{Degraded: true, RetryAfter: time.Minute}, 0), ""},
 		{"Overlap", call(acquire, ratelimit.PermitDecision{Granted: true, InFlight: 3}, 4), "the overlap counter reached 4, over the limit of 3"},
 		{"OverLimit", call(acquire, ratelimit.PermitDecision{Granted: true, InFlight: 4}, 0), "4 in flight of a limit of 3"},
 		{"WrongLimit", call(inspect, ratelimit.PermitDecision{Granted: true, Limit: 5, InFlight: 2}, 0), "limit of 5"},
@@ -259,8 +261,9 @@ func TestCountPermits(t *testing.T) {
 		{Start: 5, End: 9, Err: "timeout", Permit: &PermitCall{Request: acquire}},
 		{Start: 2, End: 3, Err: "invalid", Refused: true, Permit: &PermitCall{Request: acquire}},
 		{Start: 4, End: 12, Permit: &PermitCall{Request: acquire, Reacquire: true, Decision: ratelimit.PermitDecision{Granted: true, Limit: 3, InFlight: 2}}},
+		{Start: 6, End: 7, Permit: &PermitCall{Request: release, Decision: ratelimit.PermitDecision{Degraded: true, Limit: 3}}},
 	}, lim)
-	if want := (PermitTally{Calls: 3, Reacquires: 1, Failed: 2, Unknown: 1, First: 2, Last: 12}); !reflect.DeepEqual(n, want) {
+	if want := (PermitTally{Calls: 4, Reacquires: 1, Degraded: 1, Failed: 2, Unknown: 1, First: 2, Last: 12}); !reflect.DeepEqual(n, want) {
 		t.Errorf("CountPermits = %+v; want %+v", n, want)
 	}
 }

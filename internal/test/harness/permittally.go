@@ -19,6 +19,9 @@ type PermitTally struct {
 	// granted.
 	Releases, Released int
 	Inspects           int
+	// Degraded are the calls a fail policy decided instead of the store:
+	// their decisions are not the store's, and are not checked.
+	Degraded int
 	// Failed are the calls that returned an error; Unknown, those of them
 	// whose outcome is unknown ([Call.Unknown]).
 	Failed, Unknown int
@@ -36,7 +39,8 @@ type PermitTally struct {
 const maxPermitErrors = 5
 
 // CountPermits adds up the calls of a permits run under lim, and checks
-// each decision the store made against what it says of itself: that it
+// each decision the store made (not a fail policy) against what it says
+// of itself: that it
 // was made under lim.Limit; that it counts between 0 and the Limit in
 // flight; that an acquire granted counts its own weight, and one denied
 // had no room for it, with a RetryAfter of more than 0 and at most the
@@ -60,14 +64,17 @@ func CountPermits(calls []Call, lim ratelimit.Concurrency) PermitTally {
 		if p.Overlap > lim.Limit {
 			n.violation(c, fmt.Sprintf("the overlap counter reached %d, over the limit of %d", p.Overlap, lim.Limit))
 		}
-		if c.Err != "" {
+		switch {
+		case c.Err != "":
 			n.Failed++
 			if c.Unknown() {
 				n.Unknown++
 			}
-			continue
+		case p.Decision.Degraded:
+			n.Degraded++
+		default:
+			n.add(c, lim)
 		}
-		n.add(c, lim)
 	}
 	return n
 }
