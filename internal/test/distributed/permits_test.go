@@ -427,10 +427,9 @@ const stalledTimeout = 200 * time.Millisecond
 //     waiters, 8 goroutines of the other process, try to acquire twice
 //     each; every call times out (stalledTimeout), so each release and
 //     acquire is unknown: the store may run it when it resumes, even
-//     after calls sent later on other connections (measured: up to 20ms
-//     after, on both clients, behind the holders' releases below), and
-//     an acquire so run takes a permit that no goroutine holds until its
-//     lease ends.
+//     after calls sent later on other connections (seen: up to 18ms
+//     after it, behind the holders' releases below), and an acquire so
+//     run takes a permit that no goroutine holds until its lease ends.
 //   - After pauseFor the store is continued. The key holds the 3 permits
 //     held across the pause, and at most the 2 whose release is unknown
 //     (or permits the unknown acquires took in their place). Holders 2 to
