@@ -41,10 +41,7 @@ func TestPermitStallIntegration(t *testing.T) {
 					policy := newPolicy(t, store, mode, failpolicy.WithBreaker(3, stallCoolDown), failpolicy.WithInstances(2), failpolicy.WithHooks(log.hooks()))
 					l := ratelimit.New(policy)
 					ctx := context.Background()
-					held, d, err := l.TryAcquire(ctx, key, lim, 1)
-					if err != nil || held == nil || d.Degraded {
-						t.Fatalf("TryAcquire with Redis up: %v, %+v, %v; want a permit from the store", held, d, err)
-					}
+					held := acquireFromStore(t, l, key, lim)
 
 					f.stop(server, t)
 					stopWatch := watchScheduling()
@@ -141,6 +138,36 @@ func TestPermitStallIntegration(t *testing.T) {
 // warmPermits makes a first permit call with the store, without the
 // policy's deadline, as warm does for decisions: it dials and loads the
 // script.
+// acquireFromStore takes a permit through l, a policy over a working
+// store, that the store granted: a call the policy's deadline cut short (a
+// loaded machine running -race can take longer than a few milliseconds)
+// is decided by the mode instead, so it is tried again, for up to 10s, a
+// permit the mode granted given back first.
+func acquireFromStore(t *testing.T, l *ratelimit.Limiter, key string, lim ratelimit.Concurrency) *ratelimit.Permit {
+	t.Helper()
+	var held *ratelimit.Permit
+	err := retrySetup(func() error {
+		p, d, err := l.TryAcquire(context.Background(), key, lim, 1)
+		switch {
+		case err != nil:
+			return err
+		case d.Degraded:
+			if p != nil {
+				_ = p.Release(context.Background())
+			}
+			return fmt.Errorf("%w: the mode decided: %+v", ratelimit.ErrTimeout, d)
+		case p == nil:
+			return fmt.Errorf("denied with Redis up: %+v", d)
+		}
+		held = p
+		return nil
+	}, storeFailed)
+	if err != nil {
+		t.Fatalf("TryAcquire with Redis up: %v; want a permit from the store", err)
+	}
+	return held
+}
+
 func warmPermits(t *testing.T, pb ratelimit.PermitBackend, key string, lim ratelimit.Concurrency) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
