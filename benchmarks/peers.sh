@@ -57,15 +57,28 @@ run() {
 	fi
 }
 bench() {
-	run "$results" "$tmp/benchmarks.test" -test.run='^$' -test.count="$count" "$@"
+	run "$results" "$tmp/benchmarks.test" -test.run='^$' -test.count=1 "$@"
 }
-echo "$(date +%T) in memory" >>"$out/load.log"
-bench -test.bench='^BenchmarkAllowGoroutines$' -test.benchtime="$benchtime"
+# Each of COUNT rounds runs every benchmark once, so that the runs of every
+# library at one goroutine count lie seconds apart: a machine whose speed
+# drifts over minutes (this one's neighbours, which CPUs it is given) then
+# widens every library's spread alike, where -test.count=COUNT would run
+# all of one library's runs in one stretch and another's in the next.
+i=1
+while [ "$i" -le "$count" ]; do
+	echo "$(date +%T) in memory, round $i of $count" >>"$out/load.log"
+	bench -test.bench='^BenchmarkAllowGoroutines$' -test.benchtime="$benchtime"
+	i=$((i + 1))
+done
 # Each op of BenchmarkKeyMemory fills a limiter with 100k keys: three are
 # plenty for a figure that hardly varies.
 bench -test.bench='^BenchmarkKeyMemory$' -test.benchtime=3x
-echo "$(date +%T) Redis" >>"$out/load.log"
-bench -test.bench='^BenchmarkRedis$' -test.benchtime="$benchtime"
+i=1
+while [ "$i" -le "$count" ]; do
+	echo "$(date +%T) Redis, round $i of $count" >>"$out/load.log"
+	bench -test.bench='^BenchmarkRedis$' -test.benchtime="$benchtime"
+	i=$((i + 1))
+done
 echo "$(date +%T) ceilings" >>"$out/load.log"
 for keys in 10000 1; do
 	for impl in redis_rate sluice; do

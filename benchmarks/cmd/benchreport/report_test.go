@@ -268,17 +268,19 @@ func TestStanding(t *testing.T) {
 		// 23,000 ÷ 22,000; 35,000 ÷ 30,000.
 		"| Redis, 10,000 keys: `sluice-goredis` ÷ `redis_rate` | 1.05× | 1.17× |",
 		"sluice's over redis_rate's: 1.20× on 10k keys.",
+		// The lowest peer p99.9 over sluice's: median(2, 4) ÷ 3; 250 ÷ 260.
+		"| in memory, 100,000 keys: p99.9 latency of one call | 1.00× (`xrate`) | **0.96×** (`xrate`) |",
 	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("the standing table has no %q:\n%s", want, table)
 		}
 	}
-	// Behind: xrate at 1 and 16 goroutines; ahead: goredis at 1 and 16,
-	// and the ceiling.
-	if behind != 2 || all != 5 {
-		t.Errorf("behind in %d of %d ratios, want 2 of 5", behind, all)
+	// Behind: xrate at 1 and 16 goroutines, and the p99.9 at 16; ahead:
+	// goredis at 1 and 16, the p99.9 at 1, and the ceiling.
+	if behind != 3 || all != 7 {
+		t.Errorf("behind in %d of %d ratios, want 3 of 7", behind, all)
 	}
-	if report := renderSample(t, res); !strings.Contains(report, "sluice is behind in 2 of these 5 ratios") {
+	if report := renderSample(t, res); !strings.Contains(report, "sluice is behind in 3 of these 7 ratios") {
 		t.Error("the report does not say where sluice is behind")
 	}
 }

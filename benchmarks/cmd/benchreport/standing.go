@@ -85,6 +85,10 @@ func standingTable(res *results) (table string, behind, all int) {
 		rows = append(rows, row)
 	}
 	table = markdownTable(header, rows)
+	if tail, b, n := tailTable(res, counts); n > 0 {
+		table += "\n\nThe slowest calls in memory on 100,000 keys: the lowest p99.9 latency of any peer (named) divided by sluice's, so that above 1 sluice's slowest one in a thousand calls take less time:\n\n" + tail
+		behind, all = behind+b, all+n
+	}
 	var ceilings []string
 	for _, keys := range res.levels[ceilingBench]["keys"] {
 		parts := func(impl string) []string { return []string{ceilingBench, "keys=" + keys, "impl=" + impl} }
@@ -107,4 +111,41 @@ func standingTable(res *results) (table string, behind, all int) {
 		table += "\n\nThe pipelined ceiling of one redis-server (its work alone, not the client's), sluice's over redis_rate's: " + strings.Join(ceilings, ", ") + "."
 	}
 	return table, behind, all
+}
+
+// tailTable compares the slowest calls in memory on many keys: at each
+// goroutine count, the lowest p99.9 latency of any peer (median of the
+// runs) over sluice's, so that above 1 sluice's slowest calls are the
+// faster; behind counts the ratios below 1, of all it shows.
+func tailTable(res *results, counts []string) (table string, behind, all int) {
+	header := []string{"the lowest peer p99.9 ÷ sluice's"}
+	row := []string{"in memory, 100,000 keys: p99.9 latency of one call"}
+	for _, g := range counts {
+		at := func(impl string) (float64, bool) {
+			return res.median("p99.9-µs", memoryBench, "keys="+memoryKeys, "goroutines="+g, "impl="+impl)
+		}
+		ours, ok := at("sluice")
+		best, bestPeer := 0.0, ""
+		for _, peer := range res.levels[memoryBench]["impl"] {
+			if v, ok := at(peer); ok && peer != "sluice" && (bestPeer == "" || v < best) {
+				best, bestPeer = v, peer
+			}
+		}
+		if !ok || ours == 0 || bestPeer == "" {
+			row = append(row, noValue)
+			continue
+		}
+		r := best / ours
+		row = append(row, formatRatio(r)+" (`"+bestPeer+"`)")
+		if all++; r < 1 {
+			behind++
+		}
+	}
+	if all == 0 {
+		return "", 0, 0
+	}
+	for _, g := range counts {
+		header = append(header, goroutinesLabel(g))
+	}
+	return markdownTable(header, [][]string{row}), behind, all
 }
