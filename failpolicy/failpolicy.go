@@ -142,9 +142,11 @@
 //     its rate shares, under this instance's share of the limit:
 //     [PermitShare], the Limit divided by [WithInstances]'s count, rounded
 //     up. The decision's Limit is the share. An Acquire is granted while
-//     the share has room; one of a Weight above the share, or for a new key
-//     while permits of [WithLocalKeys] keys are held, is denied, as Closed
-//     would. A Release or a Renew goes to the local store first, whether
+//     the share has room, and denied when it has none with the local count
+//     in InFlight (above 0, as middleware tells the caller's share being
+//     full from the limiter being out); one of a Weight above the share,
+//     or for a new key while permits of [WithLocalKeys] keys are held, is
+//     denied as Closed would, InFlight 0. A Release or a Renew goes to the local store first, whether
 //     the store is failing or not: if it holds the holder's permit, it
 //     decides, Degraded, with no store call (and no hook: the store did
 //     not fail), so that a permit taken there is released and renewed

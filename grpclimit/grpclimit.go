@@ -234,7 +234,10 @@ func rateRefusal(d ratelimit.Decision) error {
 // concurrencyRefusal is the status of a call the concurrency limit
 // refused.
 func (in *Interceptors) concurrencyRefusal(d ratelimit.PermitDecision) error {
-	if d.Degraded {
+	if d.Degraded && d.InFlight == 0 {
+		// A fail policy refused without a count (Closed, or Local
+		// unable to decide): the limiter is out, not the caller's share.
+		// Local's own share being full is the caller's.
 		return unavailable(d.RetryAfter)
 	}
 	msg := "grpclimit: too many calls in flight"

@@ -557,14 +557,18 @@ func (failingStore) DoPermit(ctx context.Context, key string, lim ratelimit.Conc
 type ratesOnly struct{ ratelimit.Backend }
 
 // degraded answers every call as a fail policy that decided without the
-// store.
-type degraded struct{ allow bool }
+// store; with shareFull, it refuses permits as failpolicy's Local mode
+// does when its share is full: on its own count.
+type degraded struct{ allow, shareFull bool }
 
 func (g degraded) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
 	return ratelimit.Decision{Allowed: g.allow, Degraded: true, RetryAfter: 2 * time.Second}, nil
 }
 
 func (g degraded) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
+	if g.shareFull {
+		return ratelimit.PermitDecision{Degraded: true, Limit: lim.Limit, InFlight: lim.Limit, RetryAfter: 3 * time.Second}, nil
+	}
 	return ratelimit.PermitDecision{Granted: g.allow, Degraded: true, Limit: lim.Limit}, nil
 }
 
@@ -590,6 +594,9 @@ func TestFailures(t *testing.T) {
 		})}, codes.Unavailable, time.Second},
 		{"fail policy closed, rate", degraded{}, []grpclimit.Option{rate}, codes.Unavailable, 2 * time.Second},
 		{"fail policy closed, permits", degraded{}, []grpclimit.Option{conc}, codes.Unavailable, time.Second},
+		// The Local mode's own share being full is the caller's: as the
+		// store's refusal.
+		{"fail policy local, share full", degraded{shareFull: true}, []grpclimit.Option{conc}, codes.ResourceExhausted, 3 * time.Second},
 		{"fail policy open", degraded{allow: true}, []grpclimit.Option{rate, conc}, codes.OK, -1},
 		{"no permits", ratesOnly{newPermitSpy(nil)}, []grpclimit.Option{conc, grpclimit.WithFailOpen()}, codes.Internal, -1},
 		{"invalid limit", newPermitSpy(nil), []grpclimit.Option{grpclimit.WithFailOpen(), grpclimit.WithConcurrencyFunc(func(context.Context, string) (ratelimit.Concurrency, error) {

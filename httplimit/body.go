@@ -40,8 +40,9 @@ type Rejection struct {
 	// request (see [WithConcurrency]): its key had every permit held.
 	TooManyInFlight bool
 	// Permit is the concurrency limit's decision when it refused the
-	// request, TooManyInFlight or a fail policy's Degraded refusal (503);
-	// the zero value otherwise. Its InFlight and Limit are the permits
+	// request: TooManyInFlight (the store's refusal, or a fail policy's
+	// Local share full), or a fail policy's Degraded refusal without a
+	// count, InFlight 0 (503); the zero value otherwise. Its InFlight and Limit are the permits
 	// held and the most that may be.
 	Permit ratelimit.PermitDecision
 }

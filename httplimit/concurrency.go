@@ -143,9 +143,10 @@ func (h *handler) serveHolding(w http.ResponseWriter, r *http.Request, plan, key
 	}
 	if p == nil {
 		rej := Rejection{Status: h.concurrencyStatus, Decision: rate, Permit: d, TooManyInFlight: true}
-		if d.Degraded {
-			// A fail policy refused without the store: the limiter is
-			// out, not the caller's share.
+		if d.Degraded && d.InFlight == 0 {
+			// A fail policy refused without a count (Closed, or Local
+			// unable to decide): the limiter is out, not the caller's
+			// share. Local's own share being full is the caller's.
 			rej.Status, rej.TooManyInFlight = http.StatusServiceUnavailable, false
 		}
 		h.reject(w, r, rej, min(d.RetryAfter, MaxConcurrencyRetryAfter))

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/backend/memory"
+	"github.com/sluicehq/sluice/failpolicy"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -447,6 +448,58 @@ func TestConcurrencyErrors(t *testing.T) {
 	rec := serve(mustNew(t, ratelimit.New(newPermitSpy()), httplimit.WithConcurrency(lim))(spy), httptest.NewRequestWithContext(ctx, "GET", "/", nil))
 	if rec.Body.Len() != 0 || len(rec.Header()) != 0 || spy.calls.Load() != 0 {
 		t.Errorf("canceled request answered: %d %q %v, handler calls %d", rec.Code, rec.Body, rec.Header(), spy.calls.Load())
+	}
+}
+
+// TestConcurrencyFailPolicies runs the middleware over failpolicy on a
+// permit store that is down. Closed refuses every request with 503: the
+// limiter is out. Local admits its share on its own count (here the whole
+// limit, as one instance) and refuses the next request as the store
+// would, with the configured status and TooManyInFlight: the caller's
+// share is full, not the limiter out.
+func TestConcurrencyFailPolicies(t *testing.T) {
+	down := permitAnswer{err: fmt.Errorf("%w: connection refused", ratelimit.ErrBackendUnavailable)}
+	lim := ratelimit.InFlight(2, time.Hour)
+	closed, err := failpolicy.Wrap(down, failpolicy.Closed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spy := &handlerSpy{}
+	rec := serve(mustNew(t, ratelimit.New(closed), httplimit.WithConcurrency(lim))(spy), httptest.NewRequest("GET", "/", nil))
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "1" || spy.calls.Load() != 0 {
+		t.Errorf("fail closed: status %d, Retry-After %q, handler calls %d; want 503, 1, 0", rec.Code, rec.Header().Get("Retry-After"), spy.calls.Load())
+	}
+
+	local, err := failpolicy.Wrap(down, failpolicy.Local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rej httplimit.Rejection
+	h := newBlocking()
+	mw := mustNew(t, ratelimit.New(local), httplimit.WithConcurrency(lim), httplimit.WithBody(
+		func(w http.ResponseWriter, _ *http.Request, r httplimit.Rejection) { rej = r; w.WriteHeader(r.Status) }))(h)
+	var wg sync.WaitGroup
+	held := make([]int, lim.Limit)
+	for i := range held {
+		wg.Go(func() { held[i] = serve(mw, httptest.NewRequest("GET", "/", nil)).Code })
+	}
+	for range held {
+		<-h.entered
+	}
+	rec = serve(mw, httptest.NewRequest("GET", "/", nil))
+	// Retry-After: the first local lease ends in an hour, capped.
+	if rec.Code != http.StatusTooManyRequests || !rej.TooManyInFlight || !rej.Permit.Degraded || rej.Permit.InFlight != lim.Limit ||
+		rec.Header().Get("Retry-After") != "5" {
+		t.Errorf("local share full: status %d, Retry-After %q, rejection %+v; want 429, 5, too many in flight on the local count",
+			rec.Code, rec.Header().Get("Retry-After"), rej)
+	}
+	close(h.release)
+	wg.Wait()
+	if held[0] != http.StatusOK || held[1] != http.StatusOK {
+		t.Errorf("the requests in flight answered %v, want 200s", held)
+	}
+	if rec := serve(mw, httptest.NewRequest("GET", "/", nil)); rec.Code != http.StatusOK {
+		t.Errorf("after the local permits were released: status %d, want 200", rec.Code)
 	}
 }
 

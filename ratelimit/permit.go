@@ -121,12 +121,20 @@ type PermitDecision struct {
 	// held one, now leased afresh. Inspect sets it when a permit of weight
 	// 1 could be acquired.
 	Granted bool
-	// Degraded reports that a fail policy decided, not the store.
+	// Degraded reports that a fail policy decided, not the store. A
+	// policy that counts permits in a store of its own (failpolicy's
+	// Local mode) reports its count and its share in InFlight and Limit:
+	// an Acquire it refuses there, for the caller's share being full, has
+	// InFlight above 0. A Degraded Acquire refused with InFlight 0 was
+	// refused without a count (failpolicy's Closed mode, or Local unable
+	// to decide): the limiter is out, not the caller's share.
 	Degraded bool
-	// Limit is the request's [Concurrency.Limit].
+	// Limit is the request's [Concurrency.Limit], or the share of it a
+	// Degraded decision was counted against.
 	Limit int64
 	// InFlight is the permits held after the request, weights summed, on
-	// the store's count (expired leases are not counted).
+	// the store's count (expired leases are not counted), or on the fail
+	// policy's own count for a Degraded decision.
 	InFlight int64
 	// RetryAfter is, for a denied acquire, the time until the first held
 	// lease ends: the longest the key can stay as full as it is, unless
