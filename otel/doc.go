@@ -65,6 +65,8 @@
 //     denied acquire is an Acquire of result rejected;
 //   - sluice.rate_limit.permit.in_flight, an up-down counter of the
 //     permits this process holds, by key class ([MetricPermitsInFlight]);
+//   - sluice.rate_limit.permit.duration, a histogram of how long permit
+//     calls took, by op and result ([MetricPermitDuration]);
 //
 // and through the hooks: sluice.rate_limit.degraded and
 // sluice.rate_limit.breakers ([FailPolicyHooks]),

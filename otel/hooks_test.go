@@ -216,9 +216,9 @@ func TestInstrumentErrorsAreHandled(t *testing.T) {
 	ph.Hit("s")
 	ph.LoadFailed("s", errors.New("x"))
 	// Wrap: decisions, duration, rejected keys, permit decisions, permits
-	// in flight; fail policy: 2; sharding: 1; plans: 2.
-	if n := handled.Load(); n != 10 {
-		t.Errorf("otel.Handle got %d errors; want 10", n)
+	// in flight, permit duration; fail policy: 2; sharding: 1; plans: 2.
+	if n := handled.Load(); n != 11 {
+		t.Errorf("otel.Handle got %d errors; want 11", n)
 	}
 }
 

@@ -49,10 +49,16 @@ const (
 	// summed, by [AttrKeyClass] alone: it goes up by a granted Acquire's
 	// Weight and down by each Release's (see the package doc).
 	MetricPermitsInFlight = "sluice.rate_limit.permit.in_flight"
+	// MetricPermitDuration is a histogram of how long permit calls took
+	// below the decorator, in seconds, by [AttrOperation] (the
+	// [ratelimit.PermitOp]) and [AttrResult], in [DurationBuckets]: for a
+	// call the store decided, the store's round trip. A Release's is what
+	// a request held by a permit waits for after its work.
+	MetricPermitDuration = "sluice.rate_limit.permit.duration"
 )
 
 // DurationBuckets are the bucket boundaries, in seconds, of
-// [MetricDecisionDuration]: from 10µs, where an in-memory decision is, to
+// [MetricDecisionDuration] and [MetricPermitDuration]: from 10µs, where an in-memory decision is, to
 // 1s, in steps that tell a healthy Redis round trip (tens to hundreds of
 // microseconds) from a slow one and from a fail policy's deadline.
 var DurationBuckets = []float64{

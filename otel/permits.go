@@ -3,6 +3,7 @@ package otel
 import (
 	"context"
 	"errors"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -22,19 +23,26 @@ var _ ratelimit.PermitBackend = (*Backend)(nil)
 // fails with an error wrapping [errors.ErrUnsupported].
 func (b *Backend) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
 	tracing := b.cfg.rootSpans || trace.SpanFromContext(ctx).IsRecording()
-	counting := b.inst.permits.decisions.Enabled(ctx)
-	holding := b.inst.permits.inFlight.Enabled(ctx)
-	if !tracing && !counting && !holding {
+	pi := b.inst.permits
+	on := observing{
+		counting: pi.decisions.Enabled(ctx),
+		holding:  pi.inFlight.Enabled(ctx),
+		timing:   pi.duration.Enabled(ctx),
+	}
+	if !tracing && on == (observing{}) {
 		return ratelimit.Permits(b.next).DoPermit(ctx, key, lim, req)
 	}
-	return b.observedPermit(ctx, key, lim, req, tracing, counting, holding)
+	return b.observedPermit(ctx, key, lim, req, tracing, on)
 }
 
+// observing is which of a permit call's instruments are enabled.
+type observing struct{ counting, holding, timing bool }
+
 // observedPermit applies req with whatever telemetry is on.
-func (b *Backend) observedPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest, tracing, counting, holding bool) (ratelimit.PermitDecision, error) {
+func (b *Backend) observedPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest, tracing bool, on observing) (ratelimit.PermitDecision, error) {
 	class := b.classOf(key)
 	var route string
-	if tracing || counting {
+	if tracing || on.counting {
 		route = b.cfg.route(ctx)
 	}
 	var span trace.Span
@@ -43,21 +51,25 @@ func (b *Backend) observedPermit(ctx context.Context, key string, lim ratelimit.
 	}
 	// A panic in the next Backend goes on up, but the span is ended and
 	// the call counted, as an error.
+	var start time.Time
 	done := false
 	defer func() {
 		if done {
 			return
 		}
-		b.countPermit(ctx, class, route, req, ratelimit.PermitDecision{}, errPanicked, counting, holding)
+		b.countPermit(ctx, start, class, route, req, ratelimit.PermitDecision{}, errPanicked, on)
 		if span != nil {
 			span.SetStatus(codes.Error, "sluice: the Backend panicked")
 			span.SetAttributes(AttrResult.String(ResultError), AttrErrorType.String(errorTypePanic))
 			span.End()
 		}
 	}()
+	if on.timing {
+		start = time.Now()
+	}
 	d, err := ratelimit.Permits(b.next).DoPermit(ctx, key, lim, req)
 	done = true
-	b.countPermit(ctx, class, route, req, d, err, counting, holding)
+	b.countPermit(ctx, start, class, route, req, d, err, on)
 	if span != nil {
 		endPermitSpan(span, d, err)
 	}
@@ -110,12 +122,16 @@ func endPermitSpan(span trace.Span, d ratelimit.PermitDecision, err error) {
 
 // countPermit counts a permit call that returned d and err (errPanicked
 // for a panic) on the instruments that are enabled.
-func (b *Backend) countPermit(ctx context.Context, class, route string, req ratelimit.PermitRequest, d ratelimit.PermitDecision, err error, counting, holding bool) {
+func (b *Backend) countPermit(ctx context.Context, start time.Time, class, route string, req ratelimit.PermitRequest, d ratelimit.PermitDecision, err error, on observing) {
 	pi := b.inst.permits
-	if n := heldChange(req, d, err); holding && n != 0 {
+	if n := heldChange(req, d, err); on.holding && n != 0 {
 		pi.inFlight.Add(ctx, n, pi.inFlightAttrs(class)...)
 	}
-	if !counting {
+	res := permitResult(d, err)
+	if on.timing {
+		pi.duration.Record(ctx, time.Since(start).Seconds(), pi.durationOpts[permitOpIndex(req.Op)][res]...)
+	}
+	if !on.counting {
 		return
 	}
 	errType := ErrorType(err)
@@ -123,7 +139,7 @@ func (b *Backend) countPermit(ctx context.Context, class, route string, req rate
 		errType = errorTypePanic
 	}
 	pi.decisions.Add(ctx, 1, pi.decisionAttrs(permitKey{
-		class: class, route: route, op: req.Op, result: permitResult(d, err), errType: errType,
+		class: class, route: route, op: req.Op, result: res, errType: errType,
 	})...)
 }
 
@@ -191,6 +207,10 @@ var permitSpanNames = func() []string {
 type permitInstruments struct {
 	decisions metric.Int64Counter
 	inFlight  metric.Int64UpDownCounter
+	duration  metric.Float64Histogram
+
+	// durationOpts are the histogram's options by op and result.
+	durationOpts [numPermitOps + 1][numResults][]metric.RecordOption
 
 	// decisionOpts maps a call's attributes to the counter's options;
 	// inFlightOpts a key class to the up-down counter's.
@@ -219,6 +239,17 @@ func newPermitInstruments(m metric.Meter) *permitInstruments {
 		metric.WithDescription("Concurrency permits this process holds, weights summed."),
 		metric.WithUnit("{permit}"))
 	pi.inFlight = handled[metric.Int64UpDownCounter](inFlight, err, noop.Int64UpDownCounter{})
+	duration, err := m.Float64Histogram(MetricPermitDuration,
+		metric.WithDescription("The time concurrency permit calls took, store round trips included."),
+		metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(DurationBuckets...))
+	pi.duration = handled[metric.Float64Histogram](duration, err, noop.Float64Histogram{})
+	for op := range numPermitOps + 1 {
+		for res := range numResults {
+			set := attribute.NewSet(permitOpAttr(ratelimit.PermitOp(op)), AttrResult.String(resultNames[res]))
+			pi.durationOpts[op][res] = []metric.RecordOption{metric.WithAttributeSet(set)}
+		}
+	}
 	return pi
 }
 

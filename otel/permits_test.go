@@ -191,6 +191,19 @@ func TestPermitOutcomes(t *testing.T) {
 	if got := sums(t, rm, sluiceotel.MetricDecisions); len(got) != 0 {
 		t.Errorf("%s = %v; want no rate decision counted", sluiceotel.MetricDecisions, got)
 	}
+	wantDurations := map[string]uint64{}
+	for series, n := range map[[2]string]uint64{
+		{"Acquire", "allowed"}: 1, {"Acquire", "rejected"}: 1, {"Acquire", "degraded"}: 1, {"Acquire", "error"}: 1,
+		{"Renew", "allowed"}: 1, {"Release", "allowed"}: 1, {"Release", "rejected"}: 1, {"InspectPermits", "allowed"}: 1,
+	} {
+		wantDurations[attrs(sluiceotel.AttrOperation.String(series[0]), sluiceotel.AttrResult.String(series[1]))] = n
+	}
+	if got := histogramCounts(t, rm, sluiceotel.MetricPermitDuration); !maps(got, wantDurations) {
+		t.Errorf("%s counts = %v; want %v", sluiceotel.MetricPermitDuration, got, wantDurations)
+	}
+	if got := histogramCounts(t, rm, sluiceotel.MetricDecisionDuration); len(got) != 0 {
+		t.Errorf("%s = %v; want no rate decision timed", sluiceotel.MetricDecisionDuration, got)
+	}
 	noRawKey(t, tel, rm, secretKey)
 }
 
@@ -349,6 +362,13 @@ func TestPermitPanicIsCounted(t *testing.T) {
 	}
 	if got := sums(t, rm, sluiceotel.MetricPermitsInFlight); got[attrs(sluiceotel.AttrKeyClass.String("customer"))] != -2 {
 		t.Errorf("%s = %v; want the Release's -2 alone", sluiceotel.MetricPermitsInFlight, got)
+	}
+	wantDurations := map[string]uint64{
+		attrs(sluiceotel.AttrOperation.String("Acquire"), sluiceotel.AttrResult.String("error")): 1,
+		attrs(sluiceotel.AttrOperation.String("Release"), sluiceotel.AttrResult.String("error")): 1,
+	}
+	if got := histogramCounts(t, rm, sluiceotel.MetricPermitDuration); !maps(got, wantDurations) {
+		t.Errorf("%s counts = %v; want %v", sluiceotel.MetricPermitDuration, got, wantDurations)
 	}
 }
 
