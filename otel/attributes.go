@@ -117,6 +117,7 @@ var errorTypes = []struct {
 	{ratelimit.ErrInvalidRequest, "invalid_request"},
 	{ratelimit.ErrKeyRejected, "key_rejected"},
 	{ratelimit.ErrWaitExceedsDeadline, "wait_exceeds_deadline"},
+	{errors.ErrUnsupported, "unsupported"},
 	{failpolicy.ErrBreakerOpen, "breaker_open"},
 	{ratelimit.ErrTimeout, "timeout"},
 	{ratelimit.ErrBackendUnavailable, "backend_unavailable"},
@@ -135,7 +136,8 @@ const errorTypePanic = "panic"
 
 // ErrorType names the sentinel err wraps, for [AttrErrorType]:
 // "invalid_config", "invalid_plan", "invalid_key", "invalid_request", "key_rejected",
-// "wait_exceeds_deadline", "breaker_open", "timeout",
+// "wait_exceeds_deadline", "unsupported" (errors.ErrUnsupported: a
+// Backend that holds no permits), "breaker_open", "timeout",
 // "backend_unavailable", "canceled", "deadline_exceeded", or
 // [ErrorTypeOther]; "" for nil. A failpolicy.PanicError is "panic".
 func ErrorType(err error) string {

@@ -379,6 +379,7 @@ func TestErrorTypes(t *testing.T) {
 		{ratelimit.ErrInvalidRequest, "invalid_request"},
 		{ratelimit.ErrKeyRejected, "key_rejected"},
 		{ratelimit.ErrWaitExceedsDeadline, "wait_exceeds_deadline"},
+		{fmt.Errorf("otel: %w", errors.ErrUnsupported), "unsupported"},
 		{failpolicy.ErrBreakerOpen, "breaker_open"},
 		{fmt.Errorf("%w: %w", ratelimit.ErrTimeout, context.DeadlineExceeded), "timeout"},
 		{ratelimit.ErrBackendUnavailable, "backend_unavailable"},
