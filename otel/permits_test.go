@@ -276,6 +276,15 @@ func TestPermitInFlight(t *testing.T) {
 		t.Fatalf("a store without permits: %v; want ErrUnsupported", err)
 	}
 	want("bad input and a store without permits", 0, 0)
+	var unsupportedCalls int64
+	for k, v := range sums(t, tel.collect(t), sluiceotel.MetricPermitDecisions) {
+		if strings.Contains(k, "error.type=unsupported") {
+			unsupportedCalls += v
+		}
+	}
+	if unsupportedCalls != 1 {
+		t.Errorf("%d permit calls counted of error.type unsupported; want 1", unsupportedCalls)
+	}
 }
 
 // A permit call under no recording span makes none, but is counted, its
