@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -128,4 +129,70 @@ func benchParallel(b *testing.B, lim *ratelimit.Limiter, keys []string, cfg rate
 			}
 		}
 	})
+}
+
+// BenchmarkMemoryPermits measures a permit's acquire and release through
+// the public path, ratelimit.New(memory.New()).TryAcquire and
+// Permit.Release, with a limit no run fills (every acquire is granted).
+// Sub-benchmarks are named keys=1|10k/mode=serial|parallel|crowded: serial
+// is one goroutine; parallel, b.RunParallel's one per P; crowded, 32 per
+// P. With keys=1 every goroutine takes and gives back permits of one key,
+// a process-wide concurrency limit; with 10k keys they rarely meet.
+func BenchmarkMemoryPermits(b *testing.B) {
+	lim := ratelimit.InFlight(ratelimit.MaxPermits, time.Minute)
+	for _, k := range []struct {
+		name string
+		n    int
+	}{{"1", 1}, {"10k", 10_000}} {
+		keys := make([]string, k.n)
+		for i := range keys {
+			keys[i] = "user:" + strconv.Itoa(i)
+		}
+		for _, mode := range []struct {
+			name    string
+			perProc int // goroutines per P; 0 for one goroutine
+		}{{"serial", 0}, {"parallel", 1}, {"crowded", 32}} {
+			b.Run("keys="+k.name+"/mode="+mode.name, func(b *testing.B) {
+				backend := memory.New()
+				b.Cleanup(func() { backend.Close() })
+				limiter := ratelimit.New(backend)
+				ctx := context.Background()
+				var next atomic.Int64
+				run := func(pb interface{ Next() bool }) {
+					j := int(next.Add(1)*7919) % len(keys)
+					for pb.Next() {
+						p, d, err := limiter.TryAcquire(ctx, keys[j], lim, 1)
+						if err != nil || p == nil {
+							b.Errorf("TryAcquire(%q) = %+v, %v; want granted", keys[j], d, err)
+							return
+						}
+						if err := p.Release(ctx); err != nil {
+							b.Errorf("Release(%q): %v", keys[j], err)
+							return
+						}
+						if j++; j == len(keys) {
+							j = 0
+						}
+					}
+				}
+				b.ReportAllocs()
+				if mode.perProc == 0 {
+					b.ResetTimer()
+					run(&serialPB{n: b.N})
+					return
+				}
+				b.SetParallelism(mode.perProc)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) { run(pb) })
+			})
+		}
+	}
+}
+
+// serialPB counts n iterations, as a testing.PB does b.N among goroutines.
+type serialPB struct{ n int }
+
+func (pb *serialPB) Next() bool {
+	pb.n--
+	return pb.n >= 0
 }

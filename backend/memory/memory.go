@@ -11,7 +11,7 @@
 //
 // The Backend also holds concurrency permits ([ratelimit.PermitBackend]):
 // each key's holders, decided by [ratelimit.ApplyPermit] under that key's
-// lock, dropped when the last is released or its lease ends.
+// lock, dropped by the sweep once the last is released or its lease ends.
 //
 // # Concurrency
 //

@@ -13,9 +13,12 @@ import (
 )
 
 // semaphores are a Backend's concurrency permits: a key's holds, decided
-// by [ratelimit.ApplyPermit] under the key's lock. A key that holds no
-// permit is dropped at once, and one whose every lease has ended by the
-// sweep. They are capped as buckets are, at WithMaxKeys keys of their own.
+// by [ratelimit.ApplyPermit] under the key's lock. A key whose permits are
+// all released or whose every lease has ended is dropped by the sweep, or
+// by a new key at the cap: a key whose permits come and go, as a busy
+// key's do, keeps its state between them instead of making it anew for
+// each acquire. They are capped as buckets are, at WithMaxKeys keys of
+// their own.
 type semaphores struct {
 	m    *xsync.Map[string, *semaphore]
 	keys atomic.Int64
@@ -25,7 +28,8 @@ type semaphores struct {
 type semaphore struct {
 	mu   sync.Mutex
 	st   ratelimit.PermitState
-	dead bool // left the map; a call that found it looks the key up again
+	now  int64 // the time the last call decided as of, µs
+	dead bool  // left the map; a call that found it looks the key up again
 }
 
 // DoPermit implements [ratelimit.PermitBackend]: the permits of key, as
@@ -56,15 +60,18 @@ func (m *Backend) DoPermit(ctx context.Context, key string, lim ratelimit.Concur
 				return ratelimit.PermitDecision{}, err
 			}
 		}
+		// The clock is read before the lock, to keep it out of the
+		// calls' turns on a busy key; a call that read it before the last
+		// one to decide decides as of that one's time.
+		now := m.now()
 		s.mu.Lock()
 		if s.dead {
 			s.mu.Unlock()
 			continue
 		}
-		d := ratelimit.ApplyPermit(&s.st, lim, req, m.now())
-		if len(s.st.Holds) == 0 {
-			m.dropSemaphore(key, s)
-		}
+		now = max(now, s.now)
+		s.now = now
+		d := ratelimit.ApplyPermit(&s.st, lim, req, now)
 		s.mu.Unlock()
 		return d, nil
 	}
@@ -109,5 +116,7 @@ func (m *Backend) sweepPermits(now int64) {
 
 var _ ratelimit.PermitBackend = (*Backend)(nil)
 
-// PermitKeys returns how many keys hold concurrency permits.
+// PermitKeys returns how many keys the Backend keeps concurrency permits
+// for: those holding permits, and those whose permits have all been
+// released or have ended since the last sweep.
 func (m *Backend) PermitKeys() int { return int(m.sems.keys.Load()) }

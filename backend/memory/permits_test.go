@@ -20,8 +20,11 @@ func acquire(t *testing.T, b *memory.Backend, key, holder string, lim ratelimit.
 	return d
 }
 
-func TestPermitKeysAreDroppedWhenEmpty(t *testing.T) {
-	b := memory.New(memory.WithSweepInterval(0))
+// A key whose permits are all released keeps its state until a new key
+// at the cap needs the room (or the sweep runs): an acquire after it
+// finds the state there. Calls on an absent key store nothing.
+func TestPermitKeysAreKeptUntilSwept(t *testing.T) {
+	b := memory.New(memory.WithSweepInterval(0), memory.WithMaxKeys(2))
 	defer b.Close()
 	lim := ratelimit.InFlight(2, time.Hour)
 	acquire(t, b, "k", "a", lim)
@@ -31,8 +34,14 @@ func TestPermitKeysAreDroppedWhenEmpty(t *testing.T) {
 	if _, err := b.DoPermit(context.Background(), "k", lim, ratelimit.PermitRequest{Op: ratelimit.PermitRelease, Holder: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	if n := b.PermitKeys(); n != 0 {
-		t.Fatalf("%d permit keys after the last release; want 0", n)
+	if n := b.PermitKeys(); n != 1 {
+		t.Fatalf("%d permit keys after the last release; want 1, kept until swept", n)
+	}
+	if d := acquire(t, b, "k", "b", lim); !d.Granted || d.InFlight != 1 {
+		t.Fatalf("an acquire on the emptied key: %+v; want granted, 1 in flight", d)
+	}
+	if _, err := b.DoPermit(context.Background(), "k", lim, ratelimit.PermitRequest{Op: ratelimit.PermitRelease, Holder: "b"}); err != nil {
+		t.Fatal(err)
 	}
 	// A release, renew or inspect of an absent key stores nothing.
 	for _, op := range []ratelimit.PermitOp{ratelimit.PermitRelease, ratelimit.PermitRenew, ratelimit.PermitInspect} {
@@ -40,8 +49,17 @@ func TestPermitKeysAreDroppedWhenEmpty(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := b.PermitKeys(); n != 0 {
-		t.Fatalf("%d permit keys after calls on an absent key; want 0", n)
+	if n := b.PermitKeys(); n != 1 {
+		t.Fatalf("%d permit keys after calls on an absent key; want 1", n)
+	}
+	// Two new keys at a cap of 2: the first fits, the second finds the
+	// room of the emptied key.
+	acquire(t, b, "l", "a", lim)
+	if d := acquire(t, b, "m", "a", lim); !d.Granted {
+		t.Fatalf("a new key at the cap, beside an emptied one: %+v; want granted", d)
+	}
+	if n := b.PermitKeys(); n != 2 {
+		t.Fatalf("%d permit keys; want 2: the emptied key dropped", n)
 	}
 }
 
@@ -120,5 +138,26 @@ func TestPermitsAgreeWithApplyPermit(t *testing.T) {
 		if want := ratelimit.ApplyPermit(&st, lim, req, clock.Now().UnixMicro()); got != want {
 			t.Fatalf("call %d: %+v on %+v = %+v; ApplyPermit says %+v", i, req, lim, got, want)
 		}
+	}
+}
+
+// A key's permits are decided in the order of their calls' times: a call
+// whose clock reads earlier than the last decided (a clock stepped back,
+// or a call that read it just before another decided) decides as of that
+// last time, so no lease that has ended comes back and a wait is never
+// longer than from then.
+func TestPermitTimeNeverGoesBack(t *testing.T) {
+	clock := newClock()
+	b := memory.New(memory.WithClock(clock), memory.WithSweepInterval(0))
+	defer b.Close()
+	lim := ratelimit.InFlight(1, 10*time.Second)
+	acquire(t, b, "k", "a", lim)
+	clock.Advance(-5 * time.Second)
+	if d := acquire(t, b, "k", "b", lim); d.Granted || d.RetryAfter != 10*time.Second {
+		t.Fatalf("an acquire at a clock 5s back: %+v; want denied, RetryAfter 10s from the last time decided", d)
+	}
+	clock.Advance(15 * time.Second) // 10s after a's acquire
+	if d := acquire(t, b, "k", "b", lim); !d.Granted {
+		t.Fatalf("an acquire once a's lease has ended: %+v; want granted", d)
 	}
 }
