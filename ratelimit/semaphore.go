@@ -232,7 +232,10 @@ var holderSeq atomic.Uint64
 
 // newHolder returns a holder no other permit, of any process, has.
 func newHolder() string {
-	return holderPrefix + strconv.FormatUint(holderSeq.Add(1), 36)
+	// One allocation: the digits go after the prefix in a buffer the
+	// string is made of, not into a string of their own first.
+	var b [64]byte // the prefix's 25 bytes and at most 13 base-36 digits
+	return string(strconv.AppendUint(append(b[:0], holderPrefix...), holderSeq.Add(1), 36))
 }
 
 // Hold calls fn holding the permit, and releases it when fn returns or
