@@ -59,26 +59,25 @@ run() {
 bench() {
 	run "$results" "$tmp/benchmarks.test" -test.run='^$' -test.count=1 "$@"
 }
-# Each of COUNT rounds runs every benchmark once, so that the runs of every
-# library at one goroutine count lie seconds apart: a machine whose speed
-# drifts over minutes (this one's neighbours, which CPUs it is given) then
+# rounds LABEL BENCHMARK runs BENCHMARK COUNT times, in rounds, each run of
+# it running every library once: the runs of every library at one
+# goroutine count then lie seconds apart, so that a machine whose speed
+# drifts over minutes (this one's neighbours, which CPUs it is given)
 # widens every library's spread alike, where -test.count=COUNT would run
 # all of one library's runs in one stretch and another's in the next.
-i=1
-while [ "$i" -le "$count" ]; do
-	echo "$(date +%T) in memory, round $i of $count" >>"$out/load.log"
-	bench -test.bench='^BenchmarkAllowGoroutines$' -test.benchtime="$benchtime"
-	i=$((i + 1))
-done
+rounds() {
+	i=1
+	while [ "$i" -le "$count" ]; do
+		echo "$(date +%T) $1, round $i of $count" >>"$out/load.log"
+		bench -test.bench="$2" -test.benchtime="$benchtime"
+		i=$((i + 1))
+	done
+}
+rounds "in memory" '^BenchmarkAllowGoroutines$'
 # Each op of BenchmarkKeyMemory fills a limiter with 100k keys: three are
 # plenty for a figure that hardly varies.
 bench -test.bench='^BenchmarkKeyMemory$' -test.benchtime=3x
-i=1
-while [ "$i" -le "$count" ]; do
-	echo "$(date +%T) Redis, round $i of $count" >>"$out/load.log"
-	bench -test.bench='^BenchmarkRedis$' -test.benchtime="$benchtime"
-	i=$((i + 1))
-done
+rounds Redis '^BenchmarkRedis$'
 echo "$(date +%T) ceilings" >>"$out/load.log"
 for keys in 10000 1; do
 	for impl in redis_rate sluice; do
