@@ -71,7 +71,9 @@
 // and through the hooks: sluice.rate_limit.degraded and
 // sluice.rate_limit.breakers ([FailPolicyHooks]),
 // sluice.plan_cache.lookups and sluice.plan_cache.loads ([PlanHooks]),
-// and sluice.sharding.retries ([ShardingHooks]).
+// and sluice.sharding.retries ([ShardingHooks]); and a lease.Backend's
+// counts, sluice.lease.decisions, .refills, .tokens and .keys
+// ([LeaseMetrics]).
 //
 // # Permits
 //

@@ -6,6 +6,7 @@ import (
 	"log"
 	"net/http/httptest"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/failpolicy"
+	"github.com/sluicehq/sluice/lease"
 	sluiceotel "github.com/sluicehq/sluice/otel"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -100,4 +102,51 @@ func ExampleLayer_prometheus() {
 	// Unordered output:
 	// sluice_rate_limit_decisions_total{otel_scope_name="github.com/sluicehq/sluice/otel",otel_scope_schema_url="",otel_scope_version="0.1.0",sluice_rate_limit_algorithm="TokenBucket",sluice_rate_limit_operation="Consume",sluice_rate_limit_result="allowed"} 1
 	// sluice_rate_limit_decisions_total{otel_scope_name="github.com/sluicehq/sluice/otel",otel_scope_schema_url="",otel_scope_version="0.1.0",sluice_rate_limit_algorithm="TokenBucket",sluice_rate_limit_operation="Consume",sluice_rate_limit_result="rejected"} 1
+}
+
+// Report a lease.Backend's counts: the store calls its leases take, and
+// the decisions they serve in process.
+func ExampleLeaseMetrics() {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	store := memory.New()
+	defer store.Close()
+	leased, err := lease.New(store, lease.Keys("global"), lease.WithRefillTimeout(10*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer leased.Close()
+	stop := sluiceotel.LeaseMetrics(leased, sluiceotel.WithMeterProvider(mp))
+	defer stop()
+
+	limiter := ratelimit.New(leased)
+	cfg := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerSecond(1000).WithBurst(1000)}}
+	for range 100 {
+		if _, err := limiter.Allow(context.Background(), "global", cfg); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		log.Fatal(err)
+	}
+	values := map[string]int64{}
+	for _, m := range rm.ScopeMetrics[0].Metrics {
+		switch d := m.Data.(type) {
+		case metricdata.Sum[int64]:
+			for _, dp := range d.DataPoints {
+				values[m.Name] += dp.Value
+			}
+		case metricdata.Gauge[int64]:
+			values[m.Name] = d.DataPoints[0].Value
+		}
+	}
+	fmt.Println("decided in process:", values[sluiceotel.MetricLeaseDecisions])
+	fmt.Println("fewer store calls:", values[sluiceotel.MetricLeaseRefills] < values[sluiceotel.MetricLeaseDecisions])
+	fmt.Println("keys leased:", values[sluiceotel.MetricLeaseKeys])
+	// Output:
+	// decided in process: 100
+	// fewer store calls: true
+	// keys leased: 1
 }

@@ -14,6 +14,7 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/sluicehq/sluice/failpolicy"
+	"github.com/sluicehq/sluice/lease"
 	sluiceotel "github.com/sluicehq/sluice/otel"
 	"github.com/sluicehq/sluice/plans"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -215,10 +216,19 @@ func TestInstrumentErrorsAreHandled(t *testing.T) {
 	ph := sluiceotel.PlanHooks(sluiceotel.WithMeterProvider(mp))
 	ph.Hit("s")
 	ph.LoadFailed("s", errors.New("x"))
+	leased, err := lease.New(newMemory(t), lease.Keys("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leased.Close()
+	if err := sluiceotel.LeaseMetrics(leased, sluiceotel.WithMeterProvider(mp))(); err != nil {
+		t.Errorf("LeaseMetrics' stop: %v", err)
+	}
 	// Wrap: decisions, duration, rejected keys, permit decisions, permits
-	// in flight, permit duration; fail policy: 2; sharding: 1; plans: 2.
-	if n := handled.Load(); n != 11 {
-		t.Errorf("otel.Handle got %d errors; want 11", n)
+	// in flight, permit duration; fail policy: 2; sharding: 1; plans: 2;
+	// leases: 4.
+	if n := handled.Load(); n != 15 {
+		t.Errorf("otel.Handle got %d errors; want 15", n)
 	}
 }
 
@@ -254,6 +264,10 @@ func (failingMeter) Float64Histogram(string, ...metric.Float64HistogramOption) (
 }
 
 func (failingMeter) Int64ObservableGauge(string, ...metric.Int64ObservableGaugeOption) (metric.Int64ObservableGauge, error) {
+	return nil, errNoInstrument
+}
+
+func (failingMeter) Int64ObservableCounter(string, ...metric.Int64ObservableCounterOption) (metric.Int64ObservableCounter, error) {
 	return nil, errNoInstrument
 }
 
