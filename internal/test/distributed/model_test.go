@@ -36,19 +36,10 @@ func bucketModel(capacity int64) porcupine.Model {
 	nm := porcupine.NondeterministicModel{
 		Init: func() []any { return []any{capacity} },
 		Step: func(state, input, output any) []any {
-			s, req := state.(int64), input.(ratelimit.Request)
-			next, want := step(capacity, s, req)
-			got, ok := output.(*outcome)
-			switch {
-			case !ok || got == nil: // unknown: it took effect or it did not
-				if next == s {
-					return []any{s}
-				}
-				return []any{s, next}
-			case *got == want:
-				return []any{next}
-			}
-			return nil
+			s := state.(int64)
+			next, want := step(capacity, s, input.(ratelimit.Request))
+			got, _ := output.(*outcome)
+			return stepTo(s, next, want, got)
 		},
 		DescribeOperation: func(input, output any) string {
 			req := input.(ratelimit.Request)
@@ -60,6 +51,22 @@ func bucketModel(capacity int64) porcupine.Model {
 		DescribeState: func(state any) string { return fmt.Sprintf("%d tokens", state.(int64)) },
 	}
 	return nm.ToModel()
+}
+
+// stepTo is a nondeterministic model's step for an operation that takes
+// state s to next with outcome want: an unknown outcome (got nil, the
+// call failed) took effect or did not, and a known one must be want.
+func stepTo[S, O comparable](s, next S, want O, got *O) []any {
+	switch {
+	case got == nil:
+		if next == s {
+			return []any{s}
+		}
+		return []any{s, next}
+	case *got == want:
+		return []any{next}
+	}
+	return nil
 }
 
 // step applies req to a bucket with s of capacity tokens, as

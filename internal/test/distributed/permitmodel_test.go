@@ -103,19 +103,10 @@ func permitModel(limit int64) porcupine.Model {
 	nm := porcupine.NondeterministicModel{
 		Init: func() []any { return []any{permitState{}} },
 		Step: func(state, input, output any) []any {
-			s, req := state.(permitState), input.(ratelimit.PermitRequest)
-			next, want := permitStep(limit, s, req)
+			s := state.(permitState)
+			next, want := permitStep(limit, s, input.(ratelimit.PermitRequest))
 			got, _ := output.(*permitOutcome)
-			switch {
-			case got == nil: // unknown: it took effect or it did not
-				if next == s {
-					return []any{s}
-				}
-				return []any{s, next}
-			case *got == want:
-				return []any{next}
-			}
-			return nil
+			return stepTo(s, next, want, got)
 		},
 		DescribeOperation: func(input, output any) string {
 			req := input.(ratelimit.PermitRequest)
