@@ -51,6 +51,7 @@ type options struct {
 	postgres  string
 	maxKeys   int
 	logFormat string
+	grpcTLS   serverTLS
 }
 
 // headerChoices are --response-headers' values.
@@ -87,6 +88,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.StringVar(&tlsOpts.CAFile, "tls-ca", "", "PEM `file` of the CA certificates that verify the Redis servers")
 	fs.StringVar(&tlsOpts.CertFile, "tls-cert", "", "PEM `file` of the client certificate")
 	fs.StringVar(&tlsOpts.KeyFile, "tls-key", "", "PEM `file` of the client certificate's key")
+	fs.StringVar(&o.grpcTLS.cert, "grpc-tls-cert", "", "serve gRPC over TLS with the certificate in this PEM `file` (read again when it changes)")
+	fs.StringVar(&o.grpcTLS.key, "grpc-tls-key", "", "PEM `file` of --grpc-tls-cert's key")
+	fs.StringVar(&o.grpcTLS.clientCA, "grpc-tls-client-ca", "", "require gRPC clients' certificates, verified by the CAs in this PEM `file` (mutual TLS)")
 	fs.StringVar(&o.failMode, "fail-mode", defaultFailMode, "what a domain without fail_mode answers when Redis cannot decide: open, closed, local or error (see docs/server.md)")
 	fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "the fail policy's `deadline` of a decision on Redis")
 	fs.IntVar(&o.replicas, "replicas", 1, "how many sluice-server processes share the Redis buckets: in the local fail mode each decides in 1/`N` of each limit")
@@ -113,6 +117,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
 			return options{}, fmt.Errorf("%s %q: %w", a.name, a.addr, err)
 		}
+	}
+	if err := o.grpcTLS.check(); err != nil {
+		return options{}, err
 	}
 	if useTLS || tlsOpts != (redisconn.TLS{}) {
 		o.redis.TLS = &tlsOpts

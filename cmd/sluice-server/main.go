@@ -18,7 +18,9 @@
 // beside this file); with no Redis flag the buckets live in memory. gRPC
 // (the RLS API, grpc.health.v1 and server reflection) is served at --grpc
 // (default :8081), Prometheus metrics at /metrics and a health check at
-// /healthcheck on --http (default :8080). Flag errors exit with status 2
+// /healthcheck on --http (default :8080). --grpc-tls-cert and
+// --grpc-tls-key serve gRPC over TLS, --grpc-tls-client-ca with client
+// certificates required. Flag errors exit with status 2
 // and a message naming the flag; SIGINT or SIGTERM stops the server
 // gracefully. docs/server.md is the guide: deploying it beside Envoy, the
 // config reference, fail modes, metrics and migrating from

@@ -19,6 +19,7 @@ import (
 	otelprometheus "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -188,7 +189,15 @@ func newServer(ctx context.Context, opts options, log *slog.Logger, reloaded fun
 		s.onClose(func(context.Context) error { return w.Close() })
 	}
 
-	s.grpc = grpc.NewServer()
+	var serverOpts []grpc.ServerOption
+	if opts.grpcTLS.on() {
+		cfg, err := opts.grpcTLS.config(log)
+		if err != nil {
+			return nil, err
+		}
+		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(cfg)))
+	}
+	s.grpc = grpc.NewServer(serverOpts...)
 	rlspb.RegisterRateLimitServiceServer(s.grpc, s.rls)
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
