@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
 	"github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/lease"
 	sluiceotel "github.com/sluicehq/sluice/otel"
@@ -66,15 +64,4 @@ func TestLeaseMetrics(t *testing.T) {
 	if got := gauge(t, rm, sluiceotel.MetricLeaseKeys); len(got) != 0 {
 		t.Errorf("%s = %v after stop; want nothing reported", sluiceotel.MetricLeaseKeys, got)
 	}
-}
-
-// gauge returns an int64 gauge's points, by attributes.
-func gauge(t *testing.T, rm metricdata.ResourceMetrics, name string) map[string]int64 {
-	t.Helper()
-	out := map[string]int64{}
-	g, _ := data[metricdata.Gauge[int64]](t, rm, name)
-	for _, dp := range g.DataPoints {
-		out[encode(dp.Attributes)] += dp.Value
-	}
-	return out
 }

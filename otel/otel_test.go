@@ -525,8 +525,14 @@ func TestScope(t *testing.T) {
 // rejectedKeys returns the rejected-keys gauge's points, by attributes.
 func rejectedKeys(t *testing.T, rm metricdata.ResourceMetrics) map[string]int64 {
 	t.Helper()
+	return gauge(t, rm, sluiceotel.MetricRejectedKeys)
+}
+
+// gauge returns an int64 gauge's points, by attributes.
+func gauge(t *testing.T, rm metricdata.ResourceMetrics, name string) map[string]int64 {
+	t.Helper()
 	out := map[string]int64{}
-	g, _ := data[metricdata.Gauge[int64]](t, rm, sluiceotel.MetricRejectedKeys)
+	g, _ := data[metricdata.Gauge[int64]](t, rm, name)
 	for _, dp := range g.DataPoints {
 		out[encode(dp.Attributes)] = dp.Value
 	}
