@@ -108,12 +108,10 @@ const maxCachedAttrs = 1024
 // of their measurements, made once.
 type instruments struct {
 	decisions metric.Int64Counter
-	duration  metric.Float64Histogram
+	duration  durationHistogram
 	rejected  *rejectedKeys
 	permits   *permitInstruments
 
-	// durationOpts are the histogram's options by op and result.
-	durationOpts [numOps + 1][numResults][]metric.RecordOption
 	// decisionOpts maps a decision's attributes to the counter's options.
 	decisionOpts *boundedMap[decisionKey, []metric.AddOption]
 }
@@ -133,19 +131,10 @@ func newInstruments(m metric.Meter) *instruments {
 		metric.WithDescription("Rate-limit decisions, by result."),
 		metric.WithUnit("{decision}"))
 	in.decisions = handled[metric.Int64Counter](decisions, err, noop.Int64Counter{})
-	duration, err := m.Float64Histogram(MetricDecisionDuration,
-		metric.WithDescription("The time rate-limit decisions took, store round trips included."),
-		metric.WithUnit("s"),
-		metric.WithExplicitBucketBoundaries(DurationBuckets...))
-	in.duration = handled[metric.Float64Histogram](duration, err, noop.Float64Histogram{})
+	in.duration = newDurationHistogram(m, MetricDecisionDuration,
+		"The time rate-limit decisions took, store round trips included.", numOps+1, opAttr)
 	in.rejected = newRejectedKeys(m)
 	in.permits = newPermitInstruments(m)
-	for op := range numOps + 1 {
-		for res := range numResults {
-			set := attribute.NewSet(opAttr(op), AttrResult.String(resultNames[res]))
-			in.durationOpts[op][res] = []metric.RecordOption{metric.WithAttributeSet(set)}
-		}
-	}
 	in.decisionOpts = newBoundedMap[decisionKey, []metric.AddOption](maxCachedAttrs)
 	return in
 }
@@ -168,7 +157,33 @@ func opAttr(op int) attribute.KeyValue {
 }
 
 func (in *instruments) durationAttrs(op ratelimit.Op, res int) []metric.RecordOption {
-	return in.durationOpts[opIndex(op)][res]
+	return in.duration.opts[opIndex(op)][res]
+}
+
+// durationHistogram is a histogram of how long calls took below the
+// decorator, in seconds in [DurationBuckets], with the options of its
+// measurements made once: by op index and result.
+type durationHistogram struct {
+	metric.Float64Histogram
+	opts [][numResults][]metric.RecordOption
+}
+
+// newDurationHistogram makes the histogram name for ops op indexes, op
+// index i measured with the attribute opAttr(i).
+func newDurationHistogram(m metric.Meter, name, description string, ops int, opAttr func(int) attribute.KeyValue) durationHistogram {
+	h, err := m.Float64Histogram(name,
+		metric.WithDescription(description),
+		metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(DurationBuckets...))
+	d := durationHistogram{Float64Histogram: handled[metric.Float64Histogram](h, err, noop.Float64Histogram{})}
+	d.opts = make([][numResults][]metric.RecordOption, ops)
+	for op := range ops {
+		for res := range numResults {
+			set := attribute.NewSet(opAttr(op), AttrResult.String(resultNames[res]))
+			d.opts[op][res] = []metric.RecordOption{metric.WithAttributeSet(set)}
+		}
+	}
+	return d
 }
 
 // decisionAttrs returns the counter's options for a decision of key k.

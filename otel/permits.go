@@ -129,7 +129,7 @@ func (b *Backend) countPermit(ctx context.Context, start time.Time, class, route
 	}
 	res := permitResult(d, err)
 	if on.timing {
-		pi.duration.Record(ctx, time.Since(start).Seconds(), pi.durationOpts[permitOpIndex(req.Op)][res]...)
+		pi.duration.Record(ctx, time.Since(start).Seconds(), pi.duration.opts[permitOpIndex(req.Op)][res]...)
 	}
 	if !on.counting {
 		return
@@ -207,10 +207,7 @@ var permitSpanNames = func() []string {
 type permitInstruments struct {
 	decisions metric.Int64Counter
 	inFlight  metric.Int64UpDownCounter
-	duration  metric.Float64Histogram
-
-	// durationOpts are the histogram's options by op and result.
-	durationOpts [numPermitOps + 1][numResults][]metric.RecordOption
+	duration  durationHistogram
 
 	// decisionOpts maps a call's attributes to the counter's options;
 	// inFlightOpts a key class to the up-down counter's.
@@ -239,17 +236,9 @@ func newPermitInstruments(m metric.Meter) *permitInstruments {
 		metric.WithDescription("Concurrency permits this process holds, weights summed."),
 		metric.WithUnit("{permit}"))
 	pi.inFlight = handled[metric.Int64UpDownCounter](inFlight, err, noop.Int64UpDownCounter{})
-	duration, err := m.Float64Histogram(MetricPermitDuration,
-		metric.WithDescription("The time concurrency permit calls took, store round trips included."),
-		metric.WithUnit("s"),
-		metric.WithExplicitBucketBoundaries(DurationBuckets...))
-	pi.duration = handled[metric.Float64Histogram](duration, err, noop.Float64Histogram{})
-	for op := range numPermitOps + 1 {
-		for res := range numResults {
-			set := attribute.NewSet(permitOpAttr(ratelimit.PermitOp(op)), AttrResult.String(resultNames[res]))
-			pi.durationOpts[op][res] = []metric.RecordOption{metric.WithAttributeSet(set)}
-		}
-	}
+	pi.duration = newDurationHistogram(m, MetricPermitDuration,
+		"The time concurrency permit calls took, store round trips included.", numPermitOps+1,
+		func(op int) attribute.KeyValue { return permitOpAttr(ratelimit.PermitOp(op)) })
 	return pi
 }
 

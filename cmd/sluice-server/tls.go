@@ -41,7 +41,7 @@ func (t serverTLS) check() error {
 // and the last good one served. The client CAs are read once.
 func (t serverTLS) config(log *slog.Logger) (*tls.Config, error) {
 	r := &certReloader{cert: t.cert, key: t.key, log: log}
-	if err := r.load(); err != nil {
+	if _, err := r.load(); err != nil {
 		return nil, err
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.get}
@@ -71,20 +71,21 @@ type certReloader struct {
 	failed [2]time.Time // the times a read failed at, logged once
 }
 
-// load reads the pair, failing with an error that names the flag.
-func (r *certReloader) load() error {
+// load reads the pair, and serves it from now on; it fails with an error
+// that names the flag.
+func (r *certReloader) load() (*tls.Certificate, error) {
 	stamp, err := r.stamps()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pair, err := tls.LoadX509KeyPair(r.cert, r.key)
 	if err != nil {
-		return fmt.Errorf("--grpc-tls-cert %s, --grpc-tls-key %s: %w", r.cert, r.key, err)
+		return nil, fmt.Errorf("--grpc-tls-cert %s, --grpc-tls-key %s: %w", r.cert, r.key, err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pair, r.stamp = &pair, stamp
-	return nil
+	return &pair, nil
 }
 
 // stamps returns the files' modification times.
@@ -111,7 +112,8 @@ func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if !changed {
 		return pair, nil
 	}
-	if err := r.load(); err != nil {
+	loaded, err := r.load()
+	if err != nil {
 		r.mu.Lock()
 		r.failed = stamp
 		r.mu.Unlock()
@@ -119,7 +121,5 @@ func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 		return pair, nil
 	}
 	r.log.Info("sluice-server: the gRPC TLS certificate was read again", "cert", r.cert)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.pair, nil
+	return loaded, nil
 }
