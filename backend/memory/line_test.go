@@ -238,6 +238,60 @@ func TestPublishedHotKeyKeepsTheBound(t *testing.T) {
 	}
 }
 
+// TestSweepTakesNoLockItNeedNot: a sweep waits on no bucket that cannot
+// have expired. It passes over a published bucket that has not, without
+// its lock; and the periodic sweep does not start before the earliest
+// expiry that a decision stored. Each is shown with buckets' locks held,
+// as calls deciding on them would hold them: the sweep returns, and the
+// periodic one goes on to drop an ended permit lease, which it does after
+// the buckets' sweep.
+func TestSweepTakesNoLockItNeedNot(t *testing.T) {
+	clock := ratelimittest.NewClock(time.Unix(1e9, 0))
+	m := New(WithClock(clock), WithSweepInterval(time.Millisecond))
+	defer m.Close()
+	ctx := context.Background()
+	one := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(10)}}
+	two := ratelimit.Config{Bandwidths: []ratelimit.Bandwidth{ratelimit.PerHour(10), ratelimit.PerMinute(5)}}
+	for key, cfg := range map[string]ratelimit.Config{"published": one, "locked": two} {
+		if _, err := m.Do(ctx, key, cfg, ratelimit.Request{Op: ratelimit.Consume, Tokens: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !m.published("published", &one) || m.published("locked", &two) {
+		t.Fatal("want the one-bandwidth bucket published and the two-bandwidth one not")
+	}
+	pb, _ := m.buckets.Load("published")
+	lb, _ := m.buckets.Load("locked")
+	waitFor := func(what string, done func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); !done(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not done in a minute, so waiting on a bucket's lock", what)
+			}
+		}
+	}
+
+	pb.mu.Lock()
+	defer pb.mu.Unlock()
+	var swept atomic.Bool
+	go func() {
+		m.sweep(m.now())
+		swept.Store(true)
+	}()
+	waitFor("a sweep beside a published bucket's held lock", swept.Load)
+	if m.Len() != 2 || !m.published("published", &one) {
+		t.Fatalf("after the sweep: %d buckets, published %v; want both kept, the one published", m.Len(), m.published("published", &one))
+	}
+
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if _, err := m.DoPermit(ctx, "p", ratelimit.InFlight(1, time.Second), ratelimit.PermitRequest{Holder: "h", Weight: 1}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second) // the lease ends; the buckets expire in minutes
+	waitFor("the periodic sweep beside held locks", func() bool { return m.PermitKeys() == 0 })
+}
+
 // stepClock moves a microsecond forward at every reading.
 type stepClock struct{ t atomic.Int64 }
 

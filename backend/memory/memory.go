@@ -79,8 +79,9 @@ type Backend struct {
 	keys    atomic.Int64 // buckets held, never above maxKeys
 	sems    semaphores   // the concurrency permits (see DoPermit)
 	// expiryHint is a time before which no held bucket expires, learned by
-	// a sweep; until then a new key at the cap is refused without sweeping
-	// again. Lowered by every decision that stores an earlier expiry.
+	// a sweep; until then neither the periodic sweep nor a new key at the
+	// cap sweeps again (the key is refused). Lowered by every decision
+	// that stores an earlier expiry.
 	expiryHint atomic.Int64
 	roomMu     sync.Mutex // one sweep for room at a time
 
@@ -354,6 +355,7 @@ func New(opts ...Option) *Backend {
 		done:    make(chan struct{}),
 	}
 	m.originMicros = m.origin.UnixMicro()
+	m.expiryHint.Store(math.MaxInt64) // no bucket yet
 	if o.sweep > 0 {
 		go m.sweepEvery(o.sweep)
 	} else {
@@ -582,7 +584,9 @@ func (m *Backend) sweepEvery(interval time.Duration) {
 			return
 		case <-t.C:
 			now := m.now()
-			m.sweep(now)
+			if now >= m.expiryHint.Load() {
+				m.sweep(now) // else none can have expired yet
+			}
 			m.sweepPermits(now)
 		}
 	}
@@ -590,9 +594,18 @@ func (m *Backend) sweepEvery(interval time.Duration) {
 
 // sweep drops every bucket expired at now, one at a time under its own
 // lock, and sets expiryHint to the earliest time a remaining one expires.
+// A published bucket that has not expired is passed over without its lock,
+// so that its calls go on deciding without it: its expiry, read from its
+// word, only moves later until a call that owns it lowers expiryHint.
 func (m *Backend) sweep(now int64) {
 	m.expiryHint.Store(math.MaxInt64)
 	m.buckets.Range(func(key string, b *bucket) bool {
+		if v := b.word.Load(); v > dead {
+			if expires := b.shape.line.expiry(v); expires > now {
+				m.lowerExpiryHint(expires)
+				return true
+			}
+		}
 		b.mu.Lock()
 		if b.own() {
 			if expires := b.expires(); expires <= now {
