@@ -2,7 +2,6 @@ package redisbackend
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -20,9 +19,7 @@ var (
 // Slot returns the Redis Cluster hash slot of the bucket at key, and of
 // its permits, and true; see [ratelimit.SlotMapper]. It is the same
 // whatever the client, since the key layout alone decides it.
-func (b *Backend) Slot(key string) (int, bool) {
-	return redisscript.Slot(b.settings.Prefix, key), true
-}
+func (b *Backend) Slot(key string) (int, bool) { return b.rs.Slot(key), true }
 
 // Node returns the address of the cluster master that serves the bucket at
 // key, and its permits, from a slot map that the backend loads with
@@ -30,21 +27,13 @@ func (b *Backend) Slot(key string) (int, bool) {
 // more after a load; see [ratelimit.NodeLocator]. It returns "" for a
 // client that is not a *redis.ClusterClient, and until the first map has
 // loaded.
-func (b *Backend) Node(key string) string {
-	if b.topology == nil {
-		return ""
-	}
-	return b.topology.Node(redisscript.Slot(b.settings.Prefix, key))
-}
+func (b *Backend) Node(key string) string { return b.rs.Node(key) }
 
 // Masters asks the cluster, through the client, for its masters and their
 // slots (CLUSTER SHARDS); see [ratelimit.TopologyReporter]. It needs a
 // *redis.ClusterClient, and Redis 7.0 or later.
 func (b *Backend) Masters(ctx context.Context) ([]ratelimit.Master, error) {
-	if b.topology == nil {
-		return nil, fmt.Errorf("%s: Masters: the client is a %T, not a *redis.ClusterClient: %w", name, b.client, errors.ErrUnsupported)
-	}
-	return b.topology.Masters(ctx)
+	return b.rs.Masters(ctx, fmt.Sprintf("the client is a %T, not a *redis.ClusterClient", b.client))
 }
 
 // topology returns the slot map of c if it is a cluster client, else nil.
@@ -53,22 +42,14 @@ func topology(c redis.UniversalClient) *redisscript.Topology {
 	if !ok {
 		return nil
 	}
-	return redisscript.NewTopology(func(ctx context.Context) ([]ratelimit.Master, error) {
-		reply, err := cc.ClusterShards(ctx).Result()
-		if err != nil {
-			return nil, redisscript.Error(ctx, err, name+": CLUSTER SHARDS")
-		}
-		masters, err := redisscript.Masters(shardsOf(reply))
-		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", ratelimit.ErrBackendUnavailable, name, err)
-		}
-		return masters, nil
-	})
+	return redisscript.ClusterTopology(name, func(ctx context.Context) ([]redis.ClusterShard, error) {
+		return cc.ClusterShards(ctx).Result()
+	}, shardsOf)
 }
 
 // shardsOf is go-redis's decoding of a CLUSTER SHARDS reply, RESP2 or
 // RESP3, as redisscript.Masters reads it.
-func shardsOf(reply []redis.ClusterShard) []redisscript.Shard {
+func shardsOf(reply []redis.ClusterShard) ([]redisscript.Shard, error) {
 	shards := make([]redisscript.Shard, len(reply))
 	for i, s := range reply {
 		for _, r := range s.Slots {
@@ -80,5 +61,5 @@ func shardsOf(reply []redis.ClusterShard) []redisscript.Shard {
 			})
 		}
 	}
-	return shards
+	return shards, nil
 }

@@ -131,11 +131,9 @@ import (
 // slot map of [Backend.Node]; otherwise the client's autopipeliner, which
 // the client owns): closing the client is the caller's business.
 type Backend struct {
-	client   redis.UniversalClient
-	settings redisscript.Settings
-	scripts  *scriptClient
-	runner   *redisscript.Runner
-	topology *redisscript.Topology // nil unless the client is a cluster's
+	client  redis.UniversalClient
+	scripts *scriptClient
+	rs      redisscript.Backend
 }
 
 var (
@@ -203,9 +201,9 @@ func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
 		return nil, err
 	}
 	scripts := newScriptClient(client, !o.direct)
-	return &Backend{
-		client: client, settings: o.Settings, scripts: scripts, runner: redisscript.NewRunner(scripts), topology: topology(client),
-	}, nil
+	return &Backend{client: client, scripts: scripts, rs: redisscript.Backend{
+		Name: name, Settings: o.Settings, Runner: redisscript.NewRunner(scripts), Topology: topology(client),
+	}}, nil
 }
 
 // scripts are redisscript.Scripts, ready to run.
@@ -220,30 +218,14 @@ var scripts = func() []*redis.Script {
 // Do applies req to the bucket at key in one call of its function (or
 // script); see [ratelimit.Backend].
 func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
-	call, err := b.settings.Prepare(ctx, name, key, cfg, req)
-	if err != nil {
-		return ratelimit.Decision{}, err
-	}
-	reply, err := b.runner.Run(ctx, call)
-	if err != nil {
-		return ratelimit.Decision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
-	}
-	return call.Decision(reply)
+	return b.rs.Do(ctx, key, cfg, req)
 }
 
 // DoPermit applies req to the concurrency permits of key in one call of
 // the permits' function (or script); see [ratelimit.PermitBackend] and
 // Permits in the package documentation.
 func (b *Backend) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
-	call, err := b.settings.PreparePermit(ctx, name, key, lim, req)
-	if err != nil {
-		return ratelimit.PermitDecision{}, err
-	}
-	reply, err := b.runner.Run(ctx, call.Call)
-	if err != nil {
-		return ratelimit.PermitDecision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
-	}
-	return call.Decision(reply)
+	return b.rs.DoPermit(ctx, key, lim, req)
 }
 
 // scriptClient is the backend's client as [redisscript.Runner] uses it.
@@ -375,9 +357,9 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 	check := func(ctx context.Context, addr string, c redis.Cmdable) error {
 		info, err := c.Info(ctx).Result()
 		if err == nil {
-			err = b.runner.Loaded(c.FunctionLoad(ctx, redisscript.Functions.Source).Err())
+			err = b.rs.Runner.Loaded(c.FunctionLoad(ctx, redisscript.Functions.Source).Err())
 		}
-		if err == nil && b.runner.EvalOnly() {
+		if err == nil && b.rs.Runner.EvalOnly() {
 			for _, script := range scripts {
 				if err = script.Load(ctx, c).Err(); err != nil {
 					break

@@ -2,7 +2,6 @@ package rueidisbackend
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/redis/rueidis"
@@ -20,9 +19,7 @@ var (
 // Slot returns the Redis Cluster hash slot of the bucket at key, and of
 // its permits, and true; see [ratelimit.SlotMapper]. It is the same
 // whatever the client, since the key layout alone decides it.
-func (b *Backend) Slot(key string) (int, bool) {
-	return redisscript.Slot(b.settings.Prefix, key), true
-}
+func (b *Backend) Slot(key string) (int, bool) { return b.rs.Slot(key), true }
 
 // Node returns the address of the cluster master that serves the bucket at
 // key, and its permits, from a slot map that the backend loads with
@@ -30,21 +27,13 @@ func (b *Backend) Slot(key string) (int, bool) {
 // more after a load (rueidis keeps its own map to itself); see
 // [ratelimit.NodeLocator]. It returns "" for a client that is not in
 // cluster mode, and until the first map has loaded.
-func (b *Backend) Node(key string) string {
-	if b.topology == nil {
-		return ""
-	}
-	return b.topology.Node(redisscript.Slot(b.settings.Prefix, key))
-}
+func (b *Backend) Node(key string) string { return b.rs.Node(key) }
 
 // Masters asks the cluster, through the client, for its masters and their
 // slots (CLUSTER SHARDS); see [ratelimit.TopologyReporter]. It needs a
 // client in cluster mode, and Redis 7.0 or later.
 func (b *Backend) Masters(ctx context.Context) ([]ratelimit.Master, error) {
-	if b.topology == nil {
-		return nil, fmt.Errorf("%s: Masters: the client is not in cluster mode: %w", name, errors.ErrUnsupported)
-	}
-	return b.topology.Masters(ctx)
+	return b.rs.Masters(ctx, "the client is not in cluster mode")
 }
 
 // topology returns the slot map of c if it is a cluster client, else nil.
@@ -52,26 +41,9 @@ func topology(c rueidis.Client) *redisscript.Topology {
 	if c.Mode() != rueidis.ClientModeCluster {
 		return nil
 	}
-	return redisscript.NewTopology(func(ctx context.Context) ([]ratelimit.Master, error) {
-		reply, err := c.Do(ctx, c.B().ClusterShards().Build()).ToArray()
-		if err != nil {
-			return nil, redisscript.Error(ctx, err, name+": CLUSTER SHARDS")
-		}
-		masters, err := mastersOf(reply)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", ratelimit.ErrBackendUnavailable, name, err)
-		}
-		return masters, nil
-	})
-}
-
-// mastersOf reads the masters from a CLUSTER SHARDS reply.
-func mastersOf(reply []rueidis.RedisMessage) ([]ratelimit.Master, error) {
-	shards, err := parseShards(reply)
-	if err != nil {
-		return nil, err
-	}
-	return redisscript.Masters(shards)
+	return redisscript.ClusterTopology(name, func(ctx context.Context) ([]rueidis.RedisMessage, error) {
+		return c.Do(ctx, c.B().ClusterShards().Build()).ToArray()
+	}, parseShards)
 }
 
 // parseShards decodes a CLUSTER SHARDS reply, RESP2 or RESP3.

@@ -63,10 +63,8 @@ import (
 // concurrent use, and holds nothing but the client (and, for a cluster, the
 // slot map of [Backend.Node]): closing the client is the caller's business.
 type Backend struct {
-	client   rueidis.Client
-	settings redisscript.Settings
-	runner   *redisscript.Runner
-	topology *redisscript.Topology // nil unless the client is a cluster's
+	client rueidis.Client
+	rs     redisscript.Backend
 }
 
 var (
@@ -122,9 +120,9 @@ func New(client rueidis.Client, opts ...Option) (*Backend, error) {
 	if err := o.Check(name); err != nil {
 		return nil, err
 	}
-	return &Backend{
-		client: client, settings: o.Settings, runner: redisscript.NewRunner(scriptClient{client}), topology: topology(client),
-	}, nil
+	return &Backend{client: client, rs: redisscript.Backend{
+		Name: name, Settings: o.Settings, Runner: redisscript.NewRunner(scriptClient{client}), Topology: topology(client),
+	}}, nil
 }
 
 // scripts are redisscript.Scripts, ready to run.
@@ -139,30 +137,14 @@ var scripts = func() []*rueidis.Lua {
 // Do applies req to the bucket at key in one call of its function (or
 // script); see [ratelimit.Backend].
 func (b *Backend) Do(ctx context.Context, key string, cfg ratelimit.Config, req ratelimit.Request) (ratelimit.Decision, error) {
-	call, err := b.settings.Prepare(ctx, name, key, cfg, req)
-	if err != nil {
-		return ratelimit.Decision{}, err
-	}
-	reply, err := b.runner.Run(ctx, call)
-	if err != nil {
-		return ratelimit.Decision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
-	}
-	return call.Decision(reply)
+	return b.rs.Do(ctx, key, cfg, req)
 }
 
 // DoPermit applies req to the concurrency permits of key in one call of
 // the permits' function (or script); see [ratelimit.PermitBackend] and
 // Permits in the package documentation.
 func (b *Backend) DoPermit(ctx context.Context, key string, lim ratelimit.Concurrency, req ratelimit.PermitRequest) (ratelimit.PermitDecision, error) {
-	call, err := b.settings.PreparePermit(ctx, name, key, lim, req)
-	if err != nil {
-		return ratelimit.PermitDecision{}, err
-	}
-	reply, err := b.runner.Run(ctx, call.Call)
-	if err != nil {
-		return ratelimit.PermitDecision{}, redisscript.Error(ctx, err, redisscript.What(name, req.Op, key))
-	}
-	return call.Decision(reply)
+	return b.rs.DoPermit(ctx, key, lim, req)
 }
 
 // scriptClient is the backend's client as [redisscript.Runner] uses it.
@@ -213,9 +195,9 @@ func (b *Backend) Check(ctx context.Context) (Report, error) {
 	for addr, c := range b.client.Nodes() {
 		info, err := c.Do(ctx, c.B().Info().Build()).ToString()
 		if err == nil {
-			err = b.runner.Loaded(c.Do(ctx, c.B().FunctionLoad().FunctionCode(redisscript.Functions.Source).Build()).Error())
+			err = b.rs.Runner.Loaded(c.Do(ctx, c.B().FunctionLoad().FunctionCode(redisscript.Functions.Source).Build()).Error())
 		}
-		if err == nil && b.runner.EvalOnly() {
+		if err == nil && b.rs.Runner.EvalOnly() {
 			for _, script := range redisscript.Scripts {
 				if err = c.Do(ctx, c.B().ScriptLoad().Script(script.Source).Build()).Error(); err != nil {
 					break
