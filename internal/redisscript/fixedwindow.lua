@@ -53,19 +53,6 @@ local function bandWait(i, t)
   return 0
 end
 
--- waitFor is the µs until every bandwidth has room for t more requests, and
--- the bandwidth that takes longest.
-local function waitFor(t)
-  local wait, slowest = 0, 1
-  for i = 1, count do
-    local w = bandWait(i, t)
-    if w > wait then
-      wait, slowest = w, i
-    end
-  end
-  return wait, slowest
-end
-
 -- room is the requests bandwidth i has left in its window.
 local function room(i)
   return cfg[8 * i + CAP] - hits[i]
@@ -140,7 +127,7 @@ local function run()
     refund(hits, tokens)
     dirty = true
   elseif op ~= RESET and op ~= REPLACE then
-    allowed, consumed, retry, binding = decide(waitFor, room, take)
+    allowed, consumed, retry, binding = decide(bandWait, room, take)
   end
 
   -- Settle: the binding bandwidth and when its window ends, and the expiry:

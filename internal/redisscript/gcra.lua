@@ -100,18 +100,6 @@ local function bandWait(i, t)
   return 0
 end
 
--- The wait for t tokens: the longest until a bandwidth conforms them.
-local function waitFor(t)
-  local wait, slowest = 0, 1
-  for i = 1, count do
-    local w = bandWait(i, t)
-    if w > wait then
-      wait, slowest = w, i
-    end
-  end
-  return wait, slowest
-end
-
 -- take takes t tokens from every bandwidth.
 local function take(t)
   for i = 1, count do
@@ -203,7 +191,7 @@ local function run()
       tat[i], frac[i] = s, f
     end
   elseif op ~= RESET and op ~= REPLACE then
-    allowed, consumed, retry, binding = decide(waitFor, whole, take, lend)
+    allowed, consumed, retry, binding = decide(bandWait, whole, take, lend)
   end
 
   -- Settle: the binding bandwidth (the one with the fewest tokens left unless

@@ -670,13 +670,14 @@ local function match(i, old, n)
 end
 
 -- decide applies Consume, Estimate, Inspect, ConsumeUpTo and Reserve with
--- the algorithm's own functions: waitFor(t), the µs until every bandwidth
--- can give t tokens and the bandwidth that takes longest; room(i), the
--- whole tokens bandwidth i can give now; take(t), which takes t from every
--- bandwidth; and, for the algorithms that reserve, lend(t), whether t may
--- be taken on credit. It returns allowed, consumed, the retry after and the
--- binding bandwidth of a denial (0 when allowed), as Apply decides them.
-local function decide(waitFor, room, take, lend)
+-- the algorithm's own functions: bandWait(i, t), the µs until bandwidth i
+-- can give t tokens; room(i), the whole tokens bandwidth i can give now;
+-- take(t), which takes t from every bandwidth; and, for the algorithms
+-- that reserve, lend(t), whether t may be taken on credit. It returns
+-- allowed, consumed, the retry after and the binding bandwidth of a denial
+-- (0 when allowed), as Apply decides them: the wait is the longest of the
+-- bandwidths', and the binding bandwidth the first that waits that long.
+local function decide(bandWait, room, take, lend)
   local t = tokens
   if op == INSPECT then
     t = 1
@@ -693,7 +694,13 @@ local function decide(waitFor, room, take, lend)
     end
     t = 1 -- none: denied as a Consume of 1 would be
   end
-  local wait, slowest = waitFor(t)
+  local wait, slowest = 0, 1
+  for i = 1, count do
+    local w = bandWait(i, t)
+    if w > wait then
+      wait, slowest = w, i
+    end
+  end
   if op == CONSUME and wait == 0 or op == RESERVE and wait <= maxWait and lend(t) then
     take(t)
     return 1, t, wait, 0

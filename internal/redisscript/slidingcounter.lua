@@ -60,19 +60,6 @@ local function bandWait(i, t)
   return due - now
 end
 
--- waitFor is the µs until every bandwidth admits t requests (t at most
--- the smallest capacity), and the bandwidth that takes longest.
-local function waitFor(t)
-  local wait, slowest = 0, 1
-  for i = 1, count do
-    local w = bandWait(i, t)
-    if w > wait then
-      wait, slowest = w, i
-    end
-  end
-  return wait, slowest
-end
-
 local function take(t)
   for i = 1, count do
     cur[i] = cur[i] + t
@@ -159,7 +146,7 @@ local function run()
   if op == ADD then
     refund(cur, tokens)
   elseif op ~= RESET and op ~= REPLACE then
-    allowed, consumed, retry, binding = decide(waitFor, room, take)
+    allowed, consumed, retry, binding = decide(bandWait, room, take)
   end
 
   -- Settle: the binding bandwidth and when it admits one more request, and

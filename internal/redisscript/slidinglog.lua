@@ -170,7 +170,8 @@ local function run()
   local before = length
 
   -- bandWait is the µs until bandwidth i can take t; it sets bad if a
-  -- token's time is corrupt. A bandwidth that lacks room waits for the
+  -- token's time is corrupt, and the call then answers corrupt()'s error
+  -- whatever decide made of it (take only counts). A bandwidth that lacks room waits for the
   -- token at rank length + t - 1 - capacity among the tokens: see logWait
   -- in slidinglog.go.
   local bad = false
@@ -196,22 +197,6 @@ local function run()
       end
     end
     return at + cfg[c + PERIOD] - now
-  end
-
-  -- waitFor is the µs until every bandwidth can take t, and the bandwidth
-  -- that takes longest.
-  local function waitFor(t)
-    local wait, slowest = 0, 1
-    for i = 1, count do
-      local w = bandWait(i, t)
-      if bad then
-        return 0, 1
-      end
-      if w > wait then
-        wait, slowest = w, i
-      end
-    end
-    return wait, slowest
   end
 
   -- room is the requests bandwidth i has left. The window of bandwidth i
@@ -242,7 +227,7 @@ local function run()
       refund(counts, removed)
     end
   elseif op ~= RESET and op ~= REPLACE then
-    allowed, consumed, retry, binding = decide(waitFor, room, take)
+    allowed, consumed, retry, binding = decide(bandWait, room, take)
     if bad then
       return corrupt()
     end

@@ -97,19 +97,6 @@ local function bandWait(i, t)
   return timeTo(i, level[i], stamp[i], t * cfg[8 * i + SCALE])
 end
 
--- waitFor is the µs until every bandwidth holds t tokens, and the
--- bandwidth that takes longest.
-local function waitFor(t)
-  local wait, slowest = 0, 1
-  for i = 1, count do
-    local w = bandWait(i, t)
-    if w > wait then
-      wait, slowest = w, i
-    end
-  end
-  return wait, slowest
-end
-
 local function take(t)
   for i = 1, count do
     level[i] = level[i] - t * cfg[8 * i + SCALE]
@@ -213,7 +200,7 @@ local function run()
 
   local allowed, consumed, retry, binding = 1, 0, 0, 0
   if op ~= ADD and op ~= RESET and op ~= REPLACE then
-    allowed, consumed, retry, binding = decide(waitFor, room, take, lend)
+    allowed, consumed, retry, binding = decide(bandWait, room, take, lend)
   elseif op == ADD then
     for i = 1, count do
       local scale = cfg[8 * i + SCALE]
