@@ -488,10 +488,12 @@ func (m *Backend) apply(d *ratelimit.Decision, key string, b *bucket, sc *scratc
 		m.drop(key, b)
 		return
 	}
-	m.lowerExpiryHint(st.ExpiresAt)
 	if st == &sc.st {
 		m.save(key, b, st, cfg)
 	}
+	// After save, which may put a new bucket in b's place: a sweep that
+	// resets expiryHint after this finds that bucket in the map.
+	m.lowerExpiryHint(st.ExpiresAt)
 }
 
 // drop takes b, key's bucket, out of the map. Called by the owner of b,
