@@ -388,3 +388,68 @@ func TestTopologyMasters(t *testing.T) {
 		checkNodes(t, top, failedOver)
 	})
 }
+
+// TestClusterTopology: a load through ClusterTopology hands the reply its
+// fetch returned to its parse, and reads the masters from the shards; a
+// failed fetch is a store error, and a reply that does not parse, or whose
+// shards name no master for their slots, wraps ErrBackendUnavailable. A
+// Backend without a Topology (a client that is not a cluster's) locates
+// no node and reports Masters as unsupported, saying why.
+func TestClusterTopology(t *testing.T) {
+	ctx := context.Background()
+	shards := []redisscript.Shard{
+		{Slots: [][2]int64{{0, 8191}}, Nodes: []redisscript.ShardNode{online("master", 7000), online("replica", 7003)}},
+		{Slots: [][2]int64{{8192, 16383}}, Nodes: []redisscript.ShardNode{online("master", 7001)}},
+	}
+	noMaster := []redisscript.Shard{{Slots: [][2]int64{{0, 16383}}, Nodes: []redisscript.ShardNode{online("replica", 7003)}}}
+	refused, garbled := errors.New("connection refused"), errors.New("not a map")
+	for _, c := range []struct {
+		name    string
+		fetch   error // the client's error
+		parse   error // the decoding's error
+		shards  []redisscript.Shard
+		want    []string // the masters' addresses
+		wantErr error
+	}{
+		{name: "masters", shards: shards, want: []string{"127.0.0.1:7000", "127.0.0.1:7001"}},
+		{name: "fetch fails", fetch: refused, wantErr: refused},
+		{name: "reply does not parse", parse: garbled, wantErr: garbled},
+		{name: "no master", shards: noMaster, wantErr: ratelimit.ErrBackendUnavailable},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var parsed string
+			top := redisscript.ClusterTopology("sluice/test", func(context.Context) (string, error) {
+				return "reply", c.fetch
+			}, func(reply string) ([]redisscript.Shard, error) {
+				parsed = reply
+				return c.shards, c.parse
+			})
+			masters, err := top.Masters(ctx)
+			if c.wantErr != nil {
+				if !errors.Is(err, c.wantErr) || !errors.Is(err, ratelimit.ErrBackendUnavailable) || !strings.Contains(err.Error(), "sluice/test") {
+					t.Fatalf("Masters: %v; want an error naming sluice/test, wrapping %v and ErrBackendUnavailable", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil || parsed != "reply" {
+				t.Fatalf("Masters: %v, parse given %q; want no error, the fetched reply parsed", err, parsed)
+			}
+			var addrs []string
+			for _, m := range masters {
+				addrs = append(addrs, m.Addr)
+			}
+			if !reflect.DeepEqual(addrs, c.want) {
+				t.Fatalf("masters %v; want %v", addrs, c.want)
+			}
+		})
+	}
+
+	b := redisscript.Backend{Name: "sluice/test"}
+	if got := b.Node("k"); got != "" {
+		t.Errorf("Node without a Topology = %q; want \"\"", got)
+	}
+	_, err := b.Masters(ctx, "the client is a plain one")
+	if !errors.Is(err, errors.ErrUnsupported) || err.Error() != "sluice/test: Masters: the client is a plain one: unsupported operation" {
+		t.Errorf("Masters without a Topology: %v; want ErrUnsupported, saying why", err)
+	}
+}
