@@ -23,40 +23,64 @@ import (
 // adapters build a Redis backend on a client set up by its LowLatency
 // helper, as docs/operations.md recommends.
 var adapters = []struct {
-	name    string
-	connect func(t testing.TB, addr string) ratelimit.Backend
+	name string
+	// connect's client is set up by the backend's LowLatency, as
+	// failpolicy's users are told to; patient's keeps the client's default
+	// timeouts, for a test of what the policy makes of the store's answers,
+	// which a loaded machine must not turn into failures.
+	connect, patient func(t testing.TB, addr string) ratelimit.Backend
 }{
-	{"goredis", func(t testing.TB, addr string) ratelimit.Backend {
-		opts := &redis.Options{Addr: addr}
+	{
+		"goredis",
+		func(t testing.TB, addr string) ratelimit.Backend { return goRedisStore(t, addr, true) },
+		func(t testing.TB, addr string) ratelimit.Backend { return goRedisStore(t, addr, false) },
+	},
+	{
+		"rueidis",
+		func(t testing.TB, addr string) ratelimit.Backend { return rueidisStore(t, addr, true) },
+		func(t testing.TB, addr string) ratelimit.Backend { return rueidisStore(t, addr, false) },
+	},
+}
+
+// goRedisStore is the go-redis backend on a client of the server at addr,
+// set up by LowLatency if lowLatency.
+func goRedisStore(t testing.TB, addr string, lowLatency bool) ratelimit.Backend {
+	opts := &redis.Options{Addr: addr}
+	if lowLatency {
 		redisbackend.LowLatency(opts)
-		c := redis.NewClient(opts)
-		t.Cleanup(func() { c.Close() })
-		b, err := redisbackend.New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}},
-	{"rueidis", func(t testing.TB, addr string) ratelimit.Backend {
-		opt := rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true, DisableCache: true}
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	b, err := redisbackend.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// rueidisStore is the rueidis backend on a client of the server at addr,
+// set up by LowLatency if lowLatency.
+func rueidisStore(t testing.TB, addr string, lowLatency bool) ratelimit.Backend {
+	opt := rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true, DisableCache: true}
+	if lowLatency {
 		rueidisbackend.LowLatency(&opt)
-		// NewClient dials within LowLatency's timeouts, which a loaded
-		// machine running -race can miss: retry, as warm does.
-		var c rueidis.Client
-		err := retrySetup(func() (err error) {
-			c, err = rueidis.NewClient(opt)
-			return err
-		}, always)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Close)
-		b, err := rueidisbackend.New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}},
+	}
+	// NewClient dials within LowLatency's timeouts, which a loaded machine
+	// running -race can miss: retry, as warm does.
+	var c rueidis.Client
+	err := retrySetup(func() (err error) {
+		c, err = rueidis.NewClient(opt)
+		return err
+	}, always)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	b, err := rueidisbackend.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // faults stop a server and bring it back.
@@ -435,7 +459,10 @@ func TestKeyRejectedIntegration(t *testing.T) {
 		t.Run(a.name, func(t *testing.T) {
 			t.Parallel()
 			server := servers.StartRedis(t)
-			store := a.connect(t, server.Addr())
+			// The client's default timeouts: LowLatency's 50ms, which a
+			// loaded machine can miss, would make a store failure of a
+			// call this test needs Redis to answer.
+			store := a.patient(t, server.Addr())
 			raw := redis.NewClient(&redis.Options{Addr: server.Addr()})
 			defer raw.Close()
 			if err := raw.Set(context.Background(), "{foreign}", "not a bucket", 0).Err(); err != nil {
