@@ -49,7 +49,11 @@ func goRedisStore(t testing.TB, addr string, lowLatency bool) ratelimit.Backend 
 	if lowLatency {
 		redisbackend.LowLatency(opts)
 	}
-	c := redis.NewClient(opts)
+	return goRedisBackend(t, redis.NewClient(opts))
+}
+
+// goRedisBackend is the go-redis backend on c, which the test closes.
+func goRedisBackend(t testing.TB, c redis.UniversalClient) ratelimit.Backend {
 	t.Cleanup(func() { c.Close() })
 	b, err := redisbackend.New(c)
 	if err != nil {
@@ -75,6 +79,11 @@ func rueidisStore(t testing.TB, addr string, lowLatency bool) ratelimit.Backend 
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rueidisBackend(t, c)
+}
+
+// rueidisBackend is the rueidis backend on c, which the test closes.
+func rueidisBackend(t testing.TB, c rueidis.Client) ratelimit.Backend {
 	t.Cleanup(c.Close)
 	b, err := rueidisbackend.New(c)
 	if err != nil {

@@ -45,13 +45,7 @@ var clusterAdapters = []struct {
 		opts := &redis.ClusterOptions{Addrs: addrs}
 		redisbackend.LowLatencyCluster(opts)
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = nodeTimeout, nodeTimeout, nodeTimeout, nodeTimeout
-		c := redis.NewClusterClient(opts)
-		t.Cleanup(func() { c.Close() })
-		b, err := redisbackend.New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
+		return goRedisBackend(t, redis.NewClusterClient(opts))
 	}},
 	{"rueidis", func(t testing.TB, addrs []string) ratelimit.Backend {
 		opt := rueidis.ClientOption{InitAddress: addrs, DisableCache: true}
@@ -61,12 +55,7 @@ var clusterAdapters = []struct {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(c.Close)
-		b, err := rueidisbackend.New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
+		return rueidisBackend(t, c)
 	}},
 }
 
