@@ -146,11 +146,11 @@
 //     in InFlight (above 0, as middleware tells the caller's share being
 //     full from the limiter being out); one of a Weight above the share,
 //     or for a new key while permits of [WithLocalKeys] keys are held, is
-//     denied as Closed would, InFlight 0. A Release or a Renew goes to the local store first, whether
-//     the store is failing or not: if it holds the holder's permit, it
-//     decides, Degraded, with no store call (and no hook: the store did
-//     not fail), so that a permit taken there is released and renewed
-//     there, even once the store is back. Otherwise the call goes to the
+//     denied as Closed would, InFlight 0. A Release or a Renew goes to the
+//     local store first, whether the store is failing or not: if it holds
+//     the holder's permit, it decides, Degraded, with no store call (and
+//     no hook: the store did not fail), so that a permit taken there is
+//     released and renewed there, even once the store is back. Otherwise the call goes to the
 //     store, and if that fails it is not granted, as in Closed: a renewal
 //     granted without the store would keep a request running past its
 //     permit's lease in the store, which would then let another in.

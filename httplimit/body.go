@@ -42,8 +42,8 @@ type Rejection struct {
 	// Permit is the concurrency limit's decision when it refused the
 	// request: TooManyInFlight (the store's refusal, or a fail policy's
 	// Local share full), or a fail policy's Degraded refusal without a
-	// count, InFlight 0 (503); the zero value otherwise. Its InFlight and Limit are the permits
-	// held and the most that may be.
+	// count, InFlight 0 (503); the zero value otherwise. Its InFlight and
+	// Limit are the permits held and the most that may be.
 	Permit ratelimit.PermitDecision
 }
 

@@ -1,6 +1,9 @@
 package otel
 
 import (
+	"context"
+	"time"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -58,9 +61,10 @@ const (
 )
 
 // DurationBuckets are the bucket boundaries, in seconds, of
-// [MetricDecisionDuration] and [MetricPermitDuration]: from 10µs, where an in-memory decision is, to
-// 1s, in steps that tell a healthy Redis round trip (tens to hundreds of
-// microseconds) from a slow one and from a fail policy's deadline.
+// [MetricDecisionDuration] and [MetricPermitDuration]: from 10µs, where an
+// in-memory decision is, to 1s, in steps that tell a healthy Redis round
+// trip (tens to hundreds of microseconds) from a slow one and from a fail
+// policy's deadline.
 var DurationBuckets = []float64{
 	0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
 	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
@@ -156,10 +160,6 @@ func opAttr(op int) attribute.KeyValue {
 	return AttrOperation.String(ratelimit.Op(op).String())
 }
 
-func (in *instruments) durationAttrs(op ratelimit.Op, res int) []metric.RecordOption {
-	return in.duration.opts[opIndex(op)][res]
-}
-
 // durationHistogram is a histogram of how long calls took below the
 // decorator, in seconds in [DurationBuckets], with the options of its
 // measurements made once: by op index and result.
@@ -184,6 +184,12 @@ func newDurationHistogram(m metric.Meter, name, description string, ops int, opA
 		}
 	}
 	return d
+}
+
+// since records the time since start of a call of op index op that ended
+// in result res.
+func (d durationHistogram) since(ctx context.Context, start time.Time, op, res int) {
+	d.Record(ctx, time.Since(start).Seconds(), d.opts[op][res]...)
 }
 
 // decisionAttrs returns the counter's options for a decision of key k.

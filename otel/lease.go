@@ -39,9 +39,9 @@ const AttrLeaseTokenState = attribute.Key("sluice.lease.token_state")
 // [MetricLeaseTokens], counters, and [MetricLeaseKeys], a gauge. These
 // are the leases' own counts: a [Wrap] above the lease.Backend counts
 // each decision as any other, one below it sees only the refills. It
-// returns a function that stops the reporting. An instrument the meter cannot make, or a
-// callback it cannot register, goes to otel.Handle, and the others still
-// report.
+// returns a function that stops the reporting. An instrument the meter
+// cannot make, or a callback it cannot register, goes to otel.Handle, and
+// the others still report.
 func LeaseMetrics(b *lease.Backend, opts ...Option) (stop func() error) {
 	m := meter(newConfig(opts))
 	var made []metric.Observable

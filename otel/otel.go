@@ -165,7 +165,7 @@ func (b *Backend) measured(ctx context.Context, key, class, route string, cfg ra
 // for resError) to the instruments that are enabled.
 func (b *Backend) count(ctx context.Context, start time.Time, key, class, route string, cfg ratelimit.Config, req ratelimit.Request, res int, errType string, counting, timing bool) {
 	if timing {
-		b.inst.duration.Record(ctx, time.Since(start).Seconds(), b.inst.durationAttrs(req.Op, res)...)
+		b.inst.duration.since(ctx, start, opIndex(req.Op), res)
 	}
 	if !counting {
 		return

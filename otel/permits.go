@@ -129,7 +129,7 @@ func (b *Backend) countPermit(ctx context.Context, start time.Time, class, route
 	}
 	res := permitResult(d, err)
 	if on.timing {
-		pi.duration.Record(ctx, time.Since(start).Seconds(), pi.duration.opts[permitOpIndex(req.Op)][res]...)
+		pi.duration.since(ctx, start, permitOpIndex(req.Op), res)
 	}
 	if !on.counting {
 		return

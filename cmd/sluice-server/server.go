@@ -127,6 +127,16 @@ func newServer(ctx context.Context, opts options, log *slog.Logger, reloaded fun
 	if err != nil {
 		return nil, err
 	}
+	// The gRPC TLS files are read before any store is dialled, so that a
+	// bad one fails the start at once.
+	var serverOpts []grpc.ServerOption
+	if opts.grpcTLS.on() {
+		tlsCfg, err := opts.grpcTLS.config(log)
+		if err != nil {
+			return nil, err
+		}
+		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
 	registry := prometheus.NewRegistry()
 	exporter, err := otelprometheus.New(otelprometheus.WithRegisterer(registry))
 	if err != nil {
@@ -189,14 +199,6 @@ func newServer(ctx context.Context, opts options, log *slog.Logger, reloaded fun
 		s.onClose(func(context.Context) error { return w.Close() })
 	}
 
-	var serverOpts []grpc.ServerOption
-	if opts.grpcTLS.on() {
-		cfg, err := opts.grpcTLS.config(log)
-		if err != nil {
-			return nil, err
-		}
-		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(cfg)))
-	}
 	s.grpc = grpc.NewServer(serverOpts...)
 	rlspb.RegisterRateLimitServiceServer(s.grpc, s.rls)
 	s.health = health.NewServer()
